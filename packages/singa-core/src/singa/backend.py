@@ -1,0 +1,374 @@
+"""The backend contract: what a device plugin subclasses.
+
+A backend plugin provides one `Backend` (found through the `singa.backends` entry point, see `hookspecs`), which creates
+`Device` objects. A Device owns opaque device buffers, handed out by a caching `MemoryPool`, moves bytes between host and
+device, and carries a kernel table: the primitives documented in `singa.primitives`, keyed by name. Kernels the backend
+does not implement are filled in from `singa.fallback` (host numpy code, one warning per kernel and device).
+
+Kernels never see a Tensor's Python API, only objects with the *view* attributes below (a Tensor is one):
+
+    buffer   the Buffer holding the elements (opaque to the core: `buffer.handle` is whatever the backend allocated)
+    dtype    a singa.dtypes code
+    shape    tuple of ints
+    strides  tuple of ints, in elements (0 for a broadcast axis)
+    offset   int, in elements, from the start of the buffer
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from singa import dtypes
+
+
+class Buffer:
+    """A block of device memory. Returned to its pool when the last reference goes away."""
+
+    __slots__ = ("handle", "nbytes", "device", "_size_class", "__weakref__")
+
+    def __init__(self, handle: Any, nbytes: int, device: Device, size_class: int):
+        self.handle = handle
+        self.nbytes = nbytes
+        self.device = device
+        self._size_class = size_class
+
+    def __del__(self):
+        dev = self.device
+        if dev is not None:
+            dev.pool.release(self.handle, self._size_class)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.nbytes} bytes on {self.device})"
+
+
+class View:
+    """A view without a Tensor around it (used by the core and the fallback for temporaries)."""
+
+    __slots__ = ("buffer", "dtype", "shape", "strides", "offset")
+
+    def __init__(self, buffer: Buffer, dtype: int, shape: tuple, strides: tuple | None = None, offset: int = 0):
+        self.buffer = buffer
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self.offset = offset
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    strides = []
+    s = 1
+    for d in reversed(shape):
+        strides.append(s)
+        s *= d
+    return tuple(reversed(strides))
+
+
+def is_contiguous(view) -> bool:
+    s = 1
+    for d, st in zip(reversed(view.shape), reversed(view.strides)):
+        if d != 1 and st != s:
+            return False
+        s *= d
+    return True
+
+
+def numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class MemoryPool:
+    """A caching allocator over a device's raw alloc/free, with the counters every backend reports.
+
+    Sizes are rounded up to a size class (multiples of 512 bytes, then powers of two above 1 MiB) and freed blocks are
+    kept per class for reuse; `empty_cache()` gives them back to the device.
+    """
+
+    def __init__(self, raw_alloc: Callable[[int], Any], raw_free: Callable[[Any], None]):
+        self._raw_alloc = raw_alloc
+        self._raw_free = raw_free
+        self._cache: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self.bytes_in_use = 0
+        self.peak_bytes = 0
+        self.bytes_cached = 0
+        self.num_allocs = 0  # calls to the device's raw allocator
+        self.num_requests = 0  # allocations served, from the cache or not
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        if nbytes <= 0:
+            return 512
+        if nbytes <= (1 << 20):
+            return (nbytes + 511) & ~511
+        return 1 << (nbytes - 1).bit_length()
+
+    def acquire(self, nbytes: int) -> tuple[Any, int]:
+        cls = self.size_class(nbytes)
+        with self._lock:
+            self.num_requests += 1
+            free = self._cache.get(cls)
+            if free:
+                handle = free.pop()
+                self.bytes_cached -= cls
+            else:
+                handle = None
+            self.bytes_in_use += cls
+            if self.bytes_in_use > self.peak_bytes:
+                self.peak_bytes = self.bytes_in_use
+        if handle is None:
+            try:
+                handle = self._raw_alloc(cls)
+            except MemoryError:
+                self.empty_cache()
+                handle = self._raw_alloc(cls)
+            self.num_allocs += 1
+        return handle, cls
+
+    def release(self, handle: Any, cls: int) -> None:
+        with self._lock:
+            self.bytes_in_use -= cls
+            self._cache.setdefault(cls, []).append(handle)
+            self.bytes_cached += cls
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            blocks = [h for hs in self._cache.values() for h in hs]
+            self._cache.clear()
+            self.bytes_cached = 0
+        for h in blocks:
+            self._raw_free(h)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.bytes_in_use
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "bytes_in_use": self.bytes_in_use,
+            "peak_bytes": self.peak_bytes,
+            "bytes_cached": self.bytes_cached,
+            "num_allocs": self.num_allocs,
+            "num_requests": self.num_requests,
+        }
+
+
+class Device:
+    """One hardware device of a backend. Subclasses fill in the raw memory methods and `kernels`.
+
+    Subclass contract (same order in every backend's device.py):
+      backend_name   class attribute, the backend's name ("cpu", "opencl", ...)
+      kernels        class or instance dict {primitive name: callable}; see singa.primitives for each signature
+      _raw_alloc(nbytes) -> handle, _raw_free(handle)
+      _copy_from_host(handle, byte_offset, host: numpy array (C-contiguous))   host -> device
+      _copy_to_host(handle, byte_offset, host: numpy array (C-contiguous))     device -> host, fills `host`
+      _copy_on_device(dst_handle, dst_byte_offset, src_handle, src_byte_offset, nbytes)
+      synchronize()
+    """
+
+    backend_name: ClassVar[str] = "?"
+    kernels: dict[str, Callable] = {}
+
+    def __init__(self, id: int = 0):
+        self.id = id
+        self.pool = MemoryPool(self._raw_alloc, self._raw_free)
+        self.seed = 0
+        self.rng_offset = 0
+        self.verbosity = 0
+        self._table = None
+
+    # -- identity -------------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return f"{self.backend_name}:{self.id}"
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name}>"
+
+    def id_(self) -> int:
+        return self.id
+
+    # SINGA spelling
+    def id_str(self) -> str:
+        return self.name
+
+    def lang(self) -> str:
+        return self.backend_name
+
+    def description(self) -> str:
+        """One line for `python -m singa info`; backends override with hardware details."""
+        return self.name
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        handle, cls = self.pool.acquire(nbytes)
+        return Buffer(handle, nbytes, self, cls)
+
+    def _raw_alloc(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def _raw_free(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def _copy_from_host(self, handle: Any, byte_offset: int, host: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _copy_to_host(self, handle: Any, byte_offset: int, host: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _copy_on_device(self, dst: Any, dst_off: int, src: Any, src_off: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+    def Sync(self) -> None:  # SINGA spelling
+        self.synchronize()
+
+    def memory_stats(self) -> dict[str, int]:
+        return self.pool.stats()
+
+    # -- host transfers of views (used by tensors and by the fallback) --------------------------------------------
+    def write(self, view, host: np.ndarray) -> None:
+        """Copy a host array (any layout, already of the view's dtype and shape) into a contiguous view."""
+        host = np.ascontiguousarray(host, dtype=dtypes.to_numpy_dtype(view.dtype))
+        if host.size:
+            self._copy_from_host(view.buffer.handle, view.offset * host.itemsize, host.reshape(-1))
+
+    def read(self, view) -> np.ndarray:
+        """Return a new host array holding the view's elements (any strides)."""
+        npdt = dtypes.to_numpy_dtype(view.dtype)
+        n = numel(view.shape)
+        if n == 0:
+            return np.empty(view.shape, npdt)
+        lo, hi = _span(view)
+        span = np.empty(hi - lo, npdt)
+        self._copy_to_host(view.buffer.handle, lo * npdt.itemsize, span)
+        if is_contiguous(view):
+            return span.reshape(view.shape)
+        rel = view.offset - lo
+        strided = np.lib.stride_tricks.as_strided(
+            span[rel:], view.shape, tuple(s * npdt.itemsize for s in view.strides), writeable=False
+        )
+        return np.ascontiguousarray(strided)
+
+    def write_strided(self, view, host: np.ndarray) -> None:
+        """Copy a host array into a view of any strides (read-modify-write of the spanned range)."""
+        if is_contiguous(view):
+            self.write(view, host)
+            return
+        npdt = dtypes.to_numpy_dtype(view.dtype)
+        if numel(view.shape) == 0:
+            return
+        lo, hi = _span(view)
+        span = np.empty(hi - lo, npdt)
+        self._copy_to_host(view.buffer.handle, lo * npdt.itemsize, span)
+        rel = view.offset - lo
+        strided = np.lib.stride_tricks.as_strided(
+            span[rel:], view.shape, tuple(s * npdt.itemsize for s in view.strides)
+        )
+        strided[...] = host
+        self._copy_from_host(view.buffer.handle, lo * npdt.itemsize, span)
+
+    def copy_view(self, dst, src) -> None:
+        """Copy the elements of a contiguous view into a contiguous view of this device (same dtype)."""
+        nbytes = numel(src.shape) * dtypes.itemsize(src.dtype)
+        if nbytes == 0:
+            return
+        isz = dtypes.itemsize(src.dtype)
+        if src.buffer.device is self:
+            self._copy_on_device(dst.buffer.handle, dst.offset * isz, src.buffer.handle, src.offset * isz, nbytes)
+        else:  # another device: through the host
+            self.write(dst, src.buffer.device.read(src))
+
+    # -- kernels --------------------------------------------------------------------------------------------------
+    @property
+    def table(self) -> dict[str, Callable]:
+        """The kernel table: the backend's kernels, with host fallbacks for the rest of the primitive set."""
+        if self._table is None:
+            from singa import fallback, primitives
+
+            table = {}
+            for name in primitives.names():
+                fn = self.kernels.get(name)
+                table[name] = fn if fn is not None else fallback.make(self, name)
+            self._table = table
+        return self._table
+
+    def missing_kernels(self) -> list[str]:
+        from singa import primitives
+
+        return [n for n in primitives.names() if n not in self.kernels]
+
+    # -- random numbers -------------------------------------------------------------------------------------------
+    def set_rand_seed(self, seed: int) -> None:
+        """Seed the device's counter-based generator (see primitives: random_*)."""
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.rng_offset = 0
+
+    SetRandSeed = set_rand_seed
+
+    def next_rng_offset(self, n: int) -> int:
+        """Reserve `n` draws of the generator; returns the offset of the first (a multiple of 4)."""
+        off = self.rng_offset
+        self.rng_offset += (n + 3) & ~3
+        return off
+
+    # -- SINGA's verbosity / profiling hooks -----------------------------------------------------------------------
+    def SetVerbosity(self, verbosity: int) -> None:
+        self.verbosity = verbosity
+
+
+def _span(view) -> tuple[int, int]:
+    lo = hi = view.offset
+    for d, s in zip(view.shape, view.strides):
+        if d == 0:
+            return view.offset, view.offset
+        if s > 0:
+            hi += (d - 1) * s
+        else:
+            lo += (d - 1) * s
+    return lo, hi + 1
+
+
+class Backend:
+    """What a `singa.backends` plugin returns from its `singa_backend` hook.
+
+    name          the name users select with SINGA_DEVICE ("cpu", "cuda", "opencl", or a plugin's own)
+    distribution  the pip distribution that provides it, for error messages and `python -m singa info`
+    version       that distribution's version
+    """
+
+    name: str = "?"
+    distribution: str = "?"
+    version: str = "0"
+
+    def device_count(self) -> int:
+        return 1
+
+    def create_device(self, index: int = 0) -> Device:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, str]:
+        """Extra facts for `python -m singa info` (library versions, thread counts...)."""
+        return {}
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(device_name: str, kernel: str, message: str) -> None:
+    key = (device_name, kernel)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, FallbackWarning, stacklevel=3)
+
+
+class FallbackWarning(RuntimeWarning):
+    """A primitive ran through the host fallback because the backend lacks its kernel."""

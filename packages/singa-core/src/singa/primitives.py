@@ -1,0 +1,147 @@
+"""The primitive kernel set: every kernel a backend may provide, with its calling contract.
+
+A kernel is called as ``device.table[name](*views, **params)``; views come first, outputs before inputs, in the order
+of `Primitive.outputs` then `Primitive.inputs`; parameters are keyword arguments with plain Python values. Views are
+described in `singa.backend`. Unless a primitive says otherwise:
+
+* outputs are contiguous, freshly allocated by the core, with the dtype and shape stated; `accumulate`/in-place outputs
+  say so;
+* inputs are contiguous (the core calls `contiguous()` first); the element-wise family and `copy`/`cast`/`where`
+  take inputs of any strides, and already broadcast: every input has the output's shape, broadcast axes have stride 0;
+* every dtype in `dtypes.ALL` is accepted where it makes sense (floats for transcendental math, numeric for arithmetic);
+  float16 may be computed in float32 internally;
+* shapes may be empty (a zero-sized axis) and 0-d.
+
+Element-wise kernels are generated from `singa.expressions.TABLE` (one kernel per entry, same name): unary
+``name(out, x, alpha=0.0, beta=0.0)``, binary ``name(out, a, b)``; `out` has the input dtype, or bool for comparisons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from singa import expressions
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    outputs: tuple  # view arguments written by the kernel
+    inputs: tuple  # view arguments read by the kernel (names ending in '?' may be None)
+    params: tuple  # keyword parameters
+    doc: str
+    group: str
+    inplace: tuple = ()  # outputs that are also read (updated in place)
+
+
+P = Primitive
+
+SPECIAL = [
+    # -- memory / layout --------------------------------------------------------------------------------------------
+    P("fill", ("out",), (), ("value",), "Set every element of `out` (any strides) to `value`.", "memory"),
+    P("copy", ("out",), ("x",), (), "Copy `x` into `out`; same dtype and shape, both of any strides (transpose, slice, "
+      "expand, concat and pad are copies between views).", "memory"),
+    P("cast", ("out",), ("x",), (), "Convert `x` to `out.dtype` (any strides in). Float to int truncates toward zero; "
+      "to bool is `x != 0`.", "memory"),
+    P("where", ("out",), ("cond", "a", "b"), (), "out = cond ? a : b; cond is bool; all broadcast to out.shape.",
+      "elementwise"),
+    # -- reductions -------------------------------------------------------------------------------------------------
+    P("reduce_sum", ("out",), ("x",), ("axes",), "Sum over `axes` (sorted tuple, may be empty = copy). out.shape is x.shape "
+      "without those axes. Float16 accumulates in float32.", "reduction"),
+    P("reduce_mean", ("out",), ("x",), ("axes",), "Mean over `axes`; an empty reduction gives NaN.", "reduction"),
+    P("reduce_max", ("out",), ("x",), ("axes",), "Maximum over `axes` (NaN propagates); needs a non-empty reduction.",
+      "reduction"),
+    P("reduce_min", ("out",), ("x",), ("axes",), "Minimum over `axes` (NaN propagates); needs a non-empty reduction.",
+      "reduction"),
+    P("reduce_prod", ("out",), ("x",), ("axes",), "Product over `axes`.", "reduction"),
+    P("argmax", ("out",), ("x",), ("axis",), "Index (int64) of the first maximum along `axis`; out.shape drops it.",
+      "reduction"),
+    P("argmin", ("out",), ("x",), ("axis",), "Index (int64) of the first minimum along `axis`.", "reduction"),
+    # -- linear algebra ---------------------------------------------------------------------------------------------
+    P("matmul", ("out",), ("a", "b"), ("trans_a", "trans_b", "alpha", "beta"),
+      "Batched matrix product out = alpha * op(a) @ op(b) + beta * out. a is (Ba, m, k), or (Ba, k, m) with trans_a; "
+      "b is (Bb, k, n), or (Bb, n, k) with trans_b; out is (B, m, n) with Ba, Bb in {1, B} (1 broadcasts). "
+      "beta != 0 reads out (accumulate).", "linalg", inplace=("out",)),
+    # -- convolution and pooling (NCHW) -----------------------------------------------------------------------------
+    P("conv2d", ("out",), ("x", "w", "b?"), ("stride", "padding", "dilation", "groups"),
+      "2-D cross-correlation. x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) or None, out (N, K, OH, OW). "
+      "stride and dilation are (sh, sw); padding is (top, left, bottom, right) zeros.", "nn"),
+    P("conv2d_backward_data", ("dx",), ("dy", "w"), ("stride", "padding", "dilation", "groups"),
+      "Gradient of conv2d with respect to x; dx has x's shape.", "nn"),
+    P("conv2d_backward_weight", ("dw",), ("dy", "x"), ("stride", "padding", "dilation", "groups"),
+      "Gradient of conv2d with respect to w; dw has w's shape.", "nn"),
+    P("pool2d", ("out", "indices?"), ("x",), ("kernel", "stride", "padding", "dilation", "mode", "count_include_pad"),
+      "2-D pooling, mode 'max' or 'avg'. x (N, C, H, W), out (N, C, OH, OW) with OH, OW chosen by the caller (ceil "
+      "mode makes windows run past the padded input; they are clipped). padding is (top, left, bottom, right). For "
+      "'max', padded positions never win and `indices` (int64, out's shape, or None) receives the flat index h*W+w of "
+      "the winner in its (n, c) plane (a window with no element inside the input gives 0 and index -1). For "
+      "'avg' the divisor counts the window's elements inside [0, H) x [0, W), plus, with count_include_pad, those "
+      "inside the declared padding.", "nn"),
+    P("pool2d_backward", ("dx",), ("dy", "x", "indices?"), ("kernel", "stride", "padding", "dilation", "mode", "count_include_pad"),
+      "Gradient of pool2d: 'max' scatters dy to `indices` (from the forward), 'avg' spreads dy over each window with "
+      "the forward's divisor. dx has x's shape.", "nn"),
+    P("batchnorm_train", ("y", "running_mean", "running_var", "saved_mean", "saved_invstd"),
+      ("x", "scale", "bias"), ("momentum", "eps"),
+      "Batch normalisation over axes (0, 2, 3) of x (N, C, H, W) (or (0,) of (N, C)), with batch statistics. "
+      "saved_mean and saved_invstd (C,) get the batch mean and 1/sqrt(var + eps) (biased var). running_mean/var are "
+      "updated in place: r = momentum * r + (1 - momentum) * batch, using the unbiased variance for running_var.",
+      "nn", inplace=("running_mean", "running_var")),
+    P("batchnorm_infer", ("y",), ("x", "scale", "bias", "mean", "var"), ("eps",),
+      "y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).", "nn"),
+    P("batchnorm_backward", ("dx", "dscale", "dbias"), ("dy", "x", "scale", "saved_mean", "saved_invstd"), (),
+      "Gradients of batchnorm_train with respect to x, scale and bias.", "nn"),
+    P("softmax", ("out",), ("x",), ("axis",), "Softmax along `axis` (numerically stable).", "nn"),
+    P("log_softmax", ("out",), ("x",), ("axis",), "Log-softmax along `axis`.", "nn"),
+    P("softmax_backward", ("dx",), ("dy", "y"), ("axis",), "dx = y * (dy - sum(dy * y, axis)).", "nn"),
+    P("log_softmax_backward", ("dx",), ("dy", "y"), ("axis",), "dx = dy - exp(y) * sum(dy, axis); y is the log-softmax.",
+      "nn"),
+    P("softmax_cross_entropy", ("loss",), ("x", "target"), (),
+      "Per-row loss of softmax(x) for x (N, C): target int32/int64 labels (N,) or x-dtype distributions (N, C). "
+      "loss is (N,).", "loss"),
+    P("softmax_cross_entropy_backward", ("dx",), ("dloss", "x", "target"), (),
+      "dx = (softmax(x) - onehot(target)) * dloss[:, None]; dloss is (N,).", "loss"),
+    # -- indexing ---------------------------------------------------------------------------------------------------
+    P("gather", ("out",), ("x", "indices"), ("axis",),
+      "ONNX Gather: out = take(x, indices, axis); indices int32/int64, negative counts from the end; out.shape = "
+      "x.shape[:axis] + indices.shape + x.shape[axis+1:]. An index out of range raises IndexError.", "indexing"),
+    P("scatter_add", ("out",), ("indices", "updates"), ("axis",),
+      "The adjoint of gather: out[..., indices[j], ...] += updates[..., j, ...] along `axis` (out is read: "
+      "accumulate).", "indexing", inplace=("out",)),
+    P("pad", ("out",), ("x",), ("pads", "mode", "value"),
+      "ONNX Pad: pads is (begin_0, ..., begin_n, end_0, ..., end_n), non-negative; mode 'constant', 'reflect' or "
+      "'edge'.", "indexing"),
+    # -- random numbers ---------------------------------------------------------------------------------------------
+    P("random_uniform", ("out",), (), ("low", "high", "seed", "offset"),
+      "Uniform floats in [low, high). Element i uses draw u_i = philox_float(seed, offset + i), see `philox`.",
+      "random"),
+    P("random_normal", ("out",), (), ("mean", "std", "seed", "offset"),
+      "Normal floats: element i is mean + std * sqrt(-2 ln(1 - u_{2i})) * cos(2 pi u_{2i+1}) with u_j drawn at "
+      "offset + j (Box-Muller).", "random"),
+    P("random_bernoulli", ("out",), (), ("p", "seed", "offset"), "1 where u_i < p else 0, in out.dtype.", "random"),
+]
+
+SPECIAL_BY_NAME = {p.name: p for p in SPECIAL}
+
+PHILOX_DOC = """Counter-based random numbers, identical on every backend.
+
+Draw j of stream `seed` at `offset`: let c = offset + j. Run Philox4x32-10 with key (seed & 0xffffffff, seed >> 32) on
+the counter (c // 4 as a 64-bit value split low/high into words 0 and 1, words 2 and 3 zero) and take output word
+c % 4 as the 32-bit integer r. The float draw is u = (r >> 8) * 2**-24, in [0, 1). The Philox4x32 round multipliers are
+0xD2511F53 and 0xCD9E8D57 and the key increments 0x9E3779B9 and 0xBB67AE85 (Salmon et al., SC'11).
+"""
+
+
+def elementwise_names() -> list[str]:
+    return list(expressions.TABLE)
+
+
+def names() -> list[str]:
+    """Every primitive name: the element-wise table, then the hand-written kernels."""
+    return elementwise_names() + list(SPECIAL_BY_NAME)
+
+
+def group(name: str) -> str:
+    e = expressions.TABLE.get(name)
+    if e is not None:
+        return "unary" if e.arity == 1 else "binary"
+    return SPECIAL_BY_NAME[name].group

@@ -1,0 +1,1 @@
+"""Test helpers shipped with singa-core: the backend conformance suite (a pytest plugin)."""

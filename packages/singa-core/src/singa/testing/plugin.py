@@ -1,0 +1,1 @@
+"""pytest plugin of the backend conformance suite (placeholder until the suite lands)."""
