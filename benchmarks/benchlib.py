@@ -1,0 +1,169 @@
+"""Shared pieces of the benchmarks: timers, machine facts, markdown tables.
+
+Every benchmark module has `run(quick=False) -> Table` and runs standalone (`python benchmarks/bench_x.py [--quick]`).
+Only SINGA's public API is used, and every singa timing ends with `dev.synchronize()`, so that a backend that queues
+work asynchronously is timed for the work, not for the queueing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from singa import device
+
+try:
+    import torch
+except ImportError:  # the benchmarks still run; torch columns say n/a
+    torch = None
+
+
+@dataclass
+class Table:
+    title: str
+    script: str  # file name under benchmarks/, for the command line shown with the table
+    headers: list[str]
+    rows: list[list] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.headers) + " |", "|" + "|".join("---" for _ in self.headers) + "|"]
+        lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        if v >= 100:
+            return f"{v:.0f}"
+        if v >= 10:
+            return f"{v:.1f}"
+        return f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
+    return str(v)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1, number: int = 1) -> float:
+    """Best (smallest) seconds per call of `fn` over `repeat` rounds of `number` calls, after `warmup` calls.
+
+    The minimum is the least disturbed measurement on a shared machine; every call's result is dropped at once so
+    that memory is reused the way a training loop reuses it.
+    """
+    for _ in range(warmup):
+        fn()
+    gc.collect()
+    best = float("inf")
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection landing inside one round would be charged to whatever ran then
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / number)
+    finally:
+        if gc_was:
+            gc.enable()
+    return best
+
+
+def singa_device():
+    """The device under test: the default device (SINGA_DEVICE selects another backend)."""
+    return device.get_default_device()
+
+
+def torch_threads() -> int | None:
+    return torch.get_num_threads() if torch is not None else None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def numpy_blas() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - older numpy has no dict mode; the fact is only informative
+        return "unknown"
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    """(what, value) pairs describing where and with what the numbers were taken."""
+    import singa
+
+    dev = singa_device()
+    facts = [
+        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("CPU", cpu_model()),
+        ("cores (os.cpu_count)", str(os.cpu_count())),
+        ("cores usable by this process", str(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity")
+         else "?"),
+        ("memory", f"{memory_gib():.1f} GiB" if memory_gib() else "?"),
+        # Other work on the machine (load above the core count) makes multi-threaded numbers unreliable.
+        ("load average (1, 5, 15 min) at start", ", ".join(f"{x:.2f}" for x in os.getloadavg())
+         if hasattr(os, "getloadavg") else "?"),
+        ("OS", platform.platform()),
+        ("Python", platform.python_version()),
+        ("numpy", f"{np.__version__} (BLAS: {numpy_blas()})"),
+        ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads)" if torch is not None
+         else "not installed"),
+        ("singa-core", singa.__version__),
+        ("singa device", dev.description()),
+    ]
+    try:
+        from singa import plugins
+
+        backend = plugins.get_backend(dev.backend_name)
+        facts.append(("singa backend", f"{backend.distribution} {backend.version}"))
+        facts += [(f"{dev.backend_name} {k}", str(v)) for k, v in backend.info().items()]
+    except Exception as exc:  # noqa: BLE001 - facts are informative; never lose the tables over them
+        facts.append(("singa backend", f"unknown ({exc})"))
+    for var in ("SINGA_DEVICE", "SINGA_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(var):
+            facts.append((var, os.environ[var]))
+    return facts
+
+
+def main(run: Callable[..., Table]) -> Table:
+    """The standalone entry point of a benchmark module: parse --quick, run, print the table."""
+    parser = argparse.ArgumentParser(description=run.__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test, not a result)")
+    args = parser.parse_args()
+    table = run(quick=args.quick)
+    print(f"### {table.title}\n")
+    print(table.markdown())
+    for note in table.notes:
+        print(f"\n{note}")
+    return table

@@ -1,0 +1,124 @@
+"""Sessions: tests, demo, bench, lint (`nox -l` lists them, `nox -s NAME -- ARGS` passes ARGS on).
+
+Every session installs the packages from this checkout into its own virtualenv, as a user would (real, non-editable
+installs: the CPU backend compiles its C kernels through cffi while it is built), so what is tested is what ships.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+CORE = ROOT / "packages" / "singa-core"
+CPU = ROOT / "packages" / "singa-backend-cpu"
+TEST_PLUGINS = ROOT / "tests" / "plugins"
+
+nox.needs_version = ">=2024.3.2"
+nox.options.sessions = ["lint", "tests"]
+# Venvs are kept between runs; our own packages are reinstalled every time (pip always rebuilds local folders).
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+# Used only when a pyproject cannot be read (no tomllib/tomli on the Python that runs nox).
+FALLBACK_BUILD_REQUIRES = ["setuptools>=64", "wheel", "cffi>=1.15"]
+TORCH = "torch==2.13.0"
+RUFF = "ruff==0.17.6"
+PYTEST = "pytest>=7"
+
+
+def _load_toml(path: Path) -> dict | None:
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return None
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+def _build_requires(paths: list[Path]) -> list[str]:
+    """The union of the packages' [build-system] requires, so that they can be built without isolation."""
+    reqs = {"wheel"}  # setuptools < 70.1 needs it for bdist_wheel
+    for p in paths:
+        data = _load_toml(p / "pyproject.toml")
+        if data is None:
+            return FALLBACK_BUILD_REQUIRES
+        reqs.update(data.get("build-system", {}).get("requires", []))
+    return sorted(reqs)
+
+
+def _packages(with_cpu: bool = True, with_test_plugins: bool = False) -> list[Path]:
+    paths = [CORE]
+    if with_cpu:
+        paths.append(CPU)
+    if with_test_plugins:
+        paths += sorted(p.parent for p in TEST_PLUGINS.glob("*/pyproject.toml"))
+    return paths
+
+
+def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with_test_plugins: bool = False) -> None:
+    """Install singa-core (+ the CPU backend, + the test plugins) from this checkout, and `extra` requirements."""
+    paths = _packages(with_cpu, with_test_plugins)
+    for p in paths:
+        if not (p / "pyproject.toml").is_file():
+            session.error(f"{p.relative_to(ROOT)} has no pyproject.toml")
+        # setuptools never prunes build/lib*, so a module deleted from the sources would still be packaged.
+        for stale in (p / "build").glob("lib*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    session.install("--upgrade", "pip", *_build_requires(paths))
+    # No build isolation: the build requirements are in the venv already, which keeps builds fast and offline-safe.
+    session.install("--no-build-isolation", *(str(p) for p in paths), *extra)
+
+
+def _pytest(session: nox.Session, *args: str) -> None:
+    # With -k or similar from the command line, a run may legitimately select nothing (pytest exit code 5).
+    codes = [0, 5] if session.posargs else [0]
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-ra", *args, *session.posargs,
+                success_codes=codes)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests, then the backend conformance suite on every installed device."""
+    install_singa(session, PYTEST, with_test_plugins=True)
+    session.run("python", "-m", "singa", "info")
+    session.chdir(ROOT)
+    # One run per folder: each package's tests keep their own rootdir and configuration, as in that package's own
+    # checkout, and equal test file names in two folders cannot clash.
+    for d in ["tests"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "packages").glob("*/tests")):
+        if any((ROOT / d).rglob("test_*.py")):
+            _pytest(session, d)
+    # Without --singa-device the suite is parametrised over every device of every installed backend.
+    _pytest(session, "--pyargs", "singa.testing.conformance")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The quick-start example on the default device (SINGA_DEVICE picks another)."""
+    install_singa(session)
+    session.chdir(ROOT)
+    session.run("python", "examples/quickstart.py", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against numpy and PyTorch (CPU); rewrites docs/performance.md. `-- --quick` for a short run."""
+    install_singa(session, TORCH)
+    session.chdir(ROOT)
+    command = " ".join(["nox", "-s", "bench", *(["--", *session.posargs] if session.posargs else [])])
+    session.run("python", "benchmarks/run_all.py", "--output", "docs/performance.md", "--command", command,
+                *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, with the settings in ruff.toml."""
+    session.install(RUFF)
+    session.chdir(ROOT)
+    targets = [t for t in ("packages", "tests", "benchmarks", "examples", "noxfile.py") if (ROOT / t).exists()]
+    session.run("ruff", "check", *targets, *session.posargs)

@@ -1,0 +1,40 @@
+"""The CPU backend object that the `singa.backends` entry point hands to singa-core."""
+
+from __future__ import annotations
+
+import scipy_openblas32
+
+from singa.backend import Backend
+from singa_backend_cpu.device import CpuDevice, ffi, lib
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("singa-backend-cpu")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "0+unknown"
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    distribution = "singa-backend-cpu"
+    version = _version()
+
+    def device_count(self) -> int:
+        return 1
+
+    def create_device(self, index: int = 0) -> CpuDevice:
+        if index != 0:
+            raise RuntimeError(f"the cpu backend has one device (cpu:0); cpu:{index} does not exist")
+        return CpuDevice(index)
+
+    def info(self) -> dict[str, str]:
+        return {
+            "blas": f"OpenBLAS from scipy-openblas32 {scipy_openblas32.__version__} "
+                    f"({ffi.string(lib.scipy_openblas_get_config()).decode()})",
+            "threads": f"{lib.sg_get_num_threads()} (OpenMP kernels), "
+                       f"{lib.scipy_openblas_get_num_threads()} (OpenBLAS)",
+            "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
+        }

@@ -1,0 +1,75 @@
+"""The CPU device: 64-byte aligned host blocks from the C allocator, copies with memmove, kernels from table.py."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import scipy_openblas32
+
+from singa.backend import Device
+
+
+def _load_kernels():
+    """The compiled extension's (ffi, lib), with scipy-openblas32's library loaded first, its symbols global.
+
+    The extension's rpath ($ORIGIN/../scipy_openblas32/lib) finds OpenBLAS in a normal install; an editable install
+    keeps the extension in the source tree, where only this preload does.
+    """
+    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # stays loaded for the life of the process
+    from singa_backend_cpu import _kernels
+
+    return _kernels.ffi, _kernels.lib
+
+
+ffi, lib = _load_kernels()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+class CpuDevice(Device):
+    backend_name = "cpu"
+
+    def __init__(self, id: int = 0):
+        super().__init__(id)
+        from singa_backend_cpu.table import kernels
+
+        self.kernels = kernels
+
+    def _raw_alloc(self, nbytes: int):
+        handle = lib.sg_alloc(nbytes)
+        if handle == ffi.NULL:
+            raise MemoryError(f"cpu:{self.id}: cannot allocate {nbytes} bytes of host memory")
+        return handle
+
+    def _raw_free(self, handle) -> None:
+        lib.sg_free(handle)
+
+    def _copy_from_host(self, handle, byte_offset: int, host: np.ndarray) -> None:
+        lib.sg_memcopy(handle, byte_offset, ffi.from_buffer(host), 0, host.nbytes)
+
+    def _copy_to_host(self, handle, byte_offset: int, host: np.ndarray) -> None:
+        lib.sg_memcopy(ffi.from_buffer(host, require_writable=True), 0, handle, byte_offset, host.nbytes)
+
+    def _copy_on_device(self, dst, dst_off: int, src, src_off: int, nbytes: int) -> None:
+        lib.sg_memcopy(dst, dst_off, src, src_off, nbytes)
+
+    def synchronize(self) -> None:
+        """Kernels run synchronously on the calling thread (and its OpenMP team): nothing to wait for."""
+
+    def description(self) -> str:
+        return (f"{self.name} ({_cpu_model()}, {os.cpu_count()} logical cores, {lib.sg_get_num_threads()} threads; "
+                f"OpenBLAS {scipy_openblas32.__version__})")

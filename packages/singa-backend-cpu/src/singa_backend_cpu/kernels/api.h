@@ -1,0 +1,79 @@
+/* Entry points of the hand-written kernels. This file is read both by the C compiler and by cffi's cdef, so it holds
+ * plain prototypes only: no preprocessor lines, no macros. Element offsets are in elements of the buffer's dtype;
+ * dtype codes are singa.dtypes'; functions returning int return an SG_* status (common.h). */
+
+/* memory.c */
+char *sg_alloc(size_t nbytes);
+void sg_free(char *p);
+void sg_memcopy(char *dst, int64_t dst_byte_off, const char *src, int64_t src_byte_off, int64_t nbytes);
+void sg_set_num_threads(int n);
+int sg_get_num_threads(void);
+
+/* reduce.c: op 0 sum, 1 mean, 2 max, 3 min, 4 prod; dims = shape[ndim] then a 0/1 "reduced" flag per axis */
+int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, char *out, int64_t oo, int ndim,
+              const int64_t *dims);
+int sg_argreduce(int want_max, int dtype, const char *x, int64_t xo, char *out, int64_t oo, int64_t outer,
+                 int64_t len, int64_t inner);
+
+/* gemm.c: out[B, m, n] = alpha * op(a) @ op(b) + beta * out; a has batch_a (1 or B) matrices, b batch_b */
+int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
+              int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+              double alpha, double beta);
+
+/* conv.c: geom = N, C, H, W, K, kh, kw, OH, OW, stride h, w, pad top, left, bottom, right, dilation h, w, groups */
+int sg_conv2d(int dtype, const char *x, int64_t xo, const char *w, int64_t wo, const char *b, int64_t bo, char *y,
+              int64_t yo, const int64_t *geom);
+int sg_conv2d_backward_data(int dtype, const char *dy, int64_t dyo, const char *w, int64_t wo, char *dx, int64_t dxo,
+                            const int64_t *geom);
+int sg_conv2d_backward_weight(int dtype, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dw,
+                              int64_t dwo, const int64_t *geom);
+
+/* pool.c: mode 0 max, 1 avg; geom = N, C, H, W, OH, OW, kh, kw, stride h, w, pad top, left, bottom, right,
+ * dilation h, w; idx (int64) may be NULL */
+int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t xo, char *y, int64_t yo, char *idx,
+              int64_t io, const int64_t *geom);
+int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *dy, int64_t dyo, const char *x,
+                       int64_t xo, const char *idx, int64_t io, char *dx, int64_t dxo, const int64_t *geom);
+
+/* batchnorm.c: x is (N, C, S) with S = H*W (1 for 2-D input); every per-channel view has its own dtype */
+int sg_batchnorm_train(int xdt, const char *x, int64_t xo, char *y, int64_t yo, int64_t N, int64_t C, int64_t S,
+                       int sdt, const char *scale, int64_t so, int bdt, const char *bias, int64_t bo,
+                       int rmdt, char *rmean, int64_t rmo, int rvdt, char *rvar, int64_t rvo,
+                       int smdt, char *smean, int64_t smo, int sidt, char *sinvstd, int64_t sio,
+                       double momentum, double eps);
+int sg_batchnorm_infer(int xdt, const char *x, int64_t xo, char *y, int64_t yo, int64_t N, int64_t C, int64_t S,
+                       int sdt, const char *scale, int64_t so, int bdt, const char *bias, int64_t bo,
+                       int mdt, const char *mean, int64_t mo, int vdt, const char *var, int64_t vo, double eps);
+int sg_batchnorm_backward(int xdt, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dx, int64_t dxo,
+                          int64_t N, int64_t C, int64_t S, int sdt, const char *scale, int64_t so,
+                          int smdt, const char *smean, int64_t smo, int sidt, const char *sinvstd, int64_t sio,
+                          int dsdt, char *dscale, int64_t dso, int dbdt, char *dbias, int64_t dbo);
+
+/* softmax.c: the axis splits x into (outer, len, inner) */
+int sg_softmax(int dtype, int log, const char *x, int64_t xo, char *y, int64_t yo, int64_t outer, int64_t len,
+               int64_t inner);
+int sg_softmax_backward(int dtype, int log, const char *dy, int64_t dyo, const char *y, int64_t yo, char *dx,
+                        int64_t dxo, int64_t outer, int64_t len, int64_t inner);
+int sg_softmax_cross_entropy(int dtype, const char *x, int64_t xo, int tdtype, const char *t, int64_t to,
+                             char *loss, int64_t lo, int64_t N, int64_t C, int64_t *bad);
+int sg_softmax_cross_entropy_backward(int dtype, const char *dloss, int64_t dlo, const char *x, int64_t xo,
+                                      int tdtype, const char *t, int64_t to, char *dx, int64_t dxo, int64_t N,
+                                      int64_t C, int64_t *bad);
+
+/* indexing.c: x is (outer, axis_len, inner), indices are count int32/int64 values */
+int sg_gather(int itemsize, const char *x, int64_t xo, int idt, const char *idx, int64_t io, char *out, int64_t oo,
+              int64_t outer, int64_t axis_len, int64_t inner, int64_t count, int64_t *bad);
+int sg_scatter_add(int dtype, char *out, int64_t oo, int idt, const char *idx, int64_t io, const char *upd,
+                   int64_t uo, int64_t outer, int64_t axis_len, int64_t inner, int64_t count, int64_t *bad);
+/* mode 0 constant, 1 reflect, 2 edge; dims = x shape[ndim], out shape[ndim], pads before[ndim]; value_bits is the
+ * fill element's bit pattern */
+int sg_pad(int itemsize, int mode, const char *x, int64_t xo, char *out, int64_t oo, int ndim, const int64_t *dims,
+           uint64_t value_bits);
+
+/* random.c: Philox4x32-10 draws (singa.primitives.PHILOX_DOC) */
+void sg_philox_u32(uint64_t seed, uint64_t offset, int64_t n, uint32_t *out);
+int sg_random_uniform(int dtype, char *out, int64_t oo, int64_t n, double low, double high, uint64_t seed,
+                      uint64_t offset);
+int sg_random_normal(int dtype, char *out, int64_t oo, int64_t n, double mean, double std, uint64_t seed,
+                     uint64_t offset);
+int sg_random_bernoulli(int dtype, char *out, int64_t oo, int64_t n, double p, uint64_t seed, uint64_t offset);

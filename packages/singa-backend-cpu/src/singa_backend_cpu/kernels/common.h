@@ -1,0 +1,160 @@
+/* Shared definitions of the CPU kernels: dtype codes, float16 conversion, thread splitting, a vectorisable expf.
+ *
+ * Every kernel takes raw `char *` buffers plus element offsets, the way the Python side holds them (cffi handles), and
+ * returns an SG_* status code where it can fail. Buffers are never assumed to be aligned beyond their element size.
+ */
+#ifndef SINGA_CPU_COMMON_H
+#define SINGA_CPU_COMMON_H
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#include "api.h"
+
+typedef _Float16 sg_half;
+
+/* dtype codes: the same numbers as singa.dtypes */
+enum { SG_F32 = 0, SG_F16 = 1, SG_I32 = 2, SG_I64 = 3, SG_BOOL = 4 };
+
+/* status codes returned to Python (table.py turns them into exceptions) */
+enum { SG_OK = 0, SG_ENOMEM = 1, SG_EDTYPE = 2, SG_EINDEX = 3, SG_EVALUE = 4 };
+
+/* Below these many elements a loop stays on the calling thread: waking the pool costs more than it saves. */
+#define SG_PAR_CHEAP 65536
+#define SG_PAR_COSTLY 8192
+
+/* Elements per block when float16 data is converted to float for computing (fits L1 with a few operands). */
+#define SG_BLK 512
+
+/* Threads the kernels use: set by sg_set_num_threads (memory.c) for every calling thread alike, unlike
+ * omp_set_num_threads, which only changes the caller's own setting. 0 until set: then OpenMP's default. */
+extern int sg_nthreads;
+static inline int sg_max_threads(void) { return sg_nthreads > 0 ? sg_nthreads : omp_get_max_threads(); }
+
+static inline int64_t sg_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t sg_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Start of thread t's share of n items split over T threads, rounded to 16 items so threads never share a cache line. */
+static inline int64_t sg_chunk(int64_t n, int t, int T) {
+    if (t >= T) return n;
+    int64_t c = (int64_t)((__int128)n * t / T);
+    return t == 0 ? 0 : (c & ~(int64_t)15);
+}
+
+/* Threads worth using for `work` items when each thread should get at least `grain` of them. */
+static inline int sg_threads_for(int64_t work, int64_t grain) {
+    if (work < 2 * grain) return 1;
+    int T = sg_max_threads();
+    int64_t useful = work / grain;
+    return useful < T ? (int)useful : T;
+}
+
+/* Run CALL over [lo_, hi_) ranges of n items: on this thread when small, else split over the OpenMP pool. */
+#define SG_SPLIT(n, thresh, CALL)                                                                   \
+    do {                                                                                            \
+        int64_t n_ = (n);                                                                           \
+        int T_ = n_ < (thresh) ? 1 : sg_max_threads();                                              \
+        if (T_ < 2) {                                                                               \
+            int64_t lo_ = 0, hi_ = n_;                                                              \
+            CALL;                                                                                   \
+        } else {                                                                                    \
+            _Pragma("omp parallel num_threads(T_)") {                                               \
+                int t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();                         \
+                int64_t lo_ = sg_chunk(n_, t_, nt_), hi_ = sg_chunk(n_, t_ + 1, nt_);               \
+                CALL;                                                                               \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
+/* -- the strided element-wise driver (elementwise.c) ------------------------------------------------------------
+ * A kernel over operands of any strides is a row function applied along the innermost axis: p[k] points at operand
+ * k's first element of the row (operand 0 is the output), st[k] is its stride in elements there, ctx the kernel's
+ * parameters. The driver walks the outer axes and spreads rows over threads when there are at least `thresh` elements.
+ * dims: shape[ndim], then the strides[ndim] of each of the nops operands, in elements.
+ */
+typedef void (*sg_row_fn)(int64_t n, char *const *p, const int64_t *st, const void *ctx);
+void sg_strided_run(int nops, const int *itemsizes, int ndim, const int64_t *dims, char *const *base, sg_row_fn row,
+                    const void *ctx, int64_t thresh);
+
+/* -- float16 <-> float in bulk (GCC 12 does not vectorise _Float16 conversions itself) ------------------------- */
+static inline void sg_h2f(const sg_half *src, float *dst, int64_t n) {
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = (float)src[i];
+}
+
+static inline void sg_f2h(const float *src, sg_half *dst, int64_t n) {
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = (sg_half)src[i];
+}
+
+/* A float copy of n elements of a float32 or float16 buffer; float32 input is returned as is (owned = 0). */
+static inline float *sg_as_f32(const char *p, int dtype, int64_t n, int *owned) {
+    if (dtype == SG_F32) {
+        *owned = 0;
+        return (float *)p;
+    }
+    float *t = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    *owned = 1;
+    if (t) sg_h2f((const sg_half *)p, t, n);
+    return t;
+}
+
+/* Scalar load/store of one element of a float32 or float16 buffer (per-channel parameters and the like). */
+static inline float sg_ldf(const char *p, int dtype, int64_t i) {
+    return dtype == SG_F16 ? (float)((const sg_half *)p)[i] : ((const float *)p)[i];
+}
+
+static inline void sg_stf(char *p, int dtype, int64_t i, float v) {
+    if (dtype == SG_F16)
+        ((sg_half *)p)[i] = (sg_half)v;
+    else
+        ((float *)p)[i] = v;
+}
+
+/* -- expf that the compiler can vectorise -------------------------------------------------------------------------
+ * glibc's expf is a scalar call, so loops over it never vectorise without -ffast-math. This is the classic
+ * Cody-Waite reduction x = k ln2 + r with a degree-6 polynomial for e^r (max error about 1 ulp over the whole range),
+ * scaled by 2^k in two steps so that subnormal results are rounded once. inf, -inf, NaN and overflow behave like expf.
+ */
+static inline float sg_vexpf(float x) {
+    float xc = x > 89.0f ? 89.0f : x;
+    xc = xc < -104.0f ? -104.0f : xc;
+    xc = xc != xc ? 0.0f : xc;
+    /* round to nearest with the 1.5 * 2^23 trick (exact for |v| < 2^22; vectorises, unlike rintf without SSE4.1) */
+    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - k * 0.693359375f;
+    r = r + k * 2.12194440e-4f;
+    const float r2 = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    const int32_t ki = (int32_t)k;
+    const int32_t k1 = ki >> 1, k2 = ki - k1;
+    union { int32_t i; float f; } s1, s2;
+    s1.i = (k1 + 127) << 23;
+    s2.i = (k2 + 127) << 23;
+    float res = (p * s1.f) * s2.f;
+    res = x < -103.972084f ? 0.0f : res;
+    return x != x ? x : res;
+}
+
+#endif

@@ -1,0 +1,115 @@
+/* Batched matrix products: float32 through OpenBLAS sgemm, float16 through float32 copies, integers with plain loops.
+ * Operands are contiguous (batch, rows, cols) arrays; a batch count of 1 broadcasts that operand over the batch. */
+#include "common.h"
+#include "cblas.h" /* scipy-openblas32's header: every symbol carries the scipy_ prefix */
+
+/* out = beta * out, with beta == 0 meaning "overwrite" (out may hold garbage, NaN included) */
+static void scale_f32(float *c, int64_t n, float beta) {
+    if (beta == 0.0f)
+        memset(c, 0, (size_t)n * sizeof(float));
+    else if (beta != 1.0f)
+        for (int64_t i = 0; i < n; i++) c[i] *= beta;
+}
+
+static void mm_f32(const float *a, const float *b, float *c, int64_t batch, int64_t batch_a, int64_t batch_b,
+                   int64_t m, int64_t n, int64_t k, int ta, int tb, float alpha, float beta) {
+    if (k == 0) {
+        scale_f32(c, batch * m * n, beta);
+        return;
+    }
+    const enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    const blasint lda = (blasint)(ta ? m : k), ldb = (blasint)(tb ? k : n), ldc = (blasint)n;
+    if (batch > 1 && batch_a == batch && batch_b == 1 && !ta) {
+        /* a stack of row-major matrices times one matrix is one taller product */
+        scipy_cblas_sgemm(CblasRowMajor, opa, opb, (blasint)(batch * m), (blasint)n, (blasint)k, alpha, a, lda, b,
+                          ldb, beta, c, ldc);
+        return;
+    }
+    for (int64_t i = 0; i < batch; i++) {
+        const float *ai = a + (batch_a == 1 ? 0 : i * m * k);
+        const float *bi = b + (batch_b == 1 ? 0 : i * k * n);
+        scipy_cblas_sgemm(CblasRowMajor, opa, opb, (blasint)m, (blasint)n, (blasint)k, alpha, ai, lda, bi, ldb, beta,
+                          c + i * m * n, ldc);
+    }
+}
+
+static int mm_f16(const sg_half *a, const sg_half *b, sg_half *c, int64_t batch, int64_t batch_a, int64_t batch_b,
+                  int64_t m, int64_t n, int64_t k, int ta, int tb, float alpha, float beta) {
+    const int64_t na = batch_a * m * k, nb = batch_b * k * n, nc = batch * m * n;
+    float *fa = (float *)malloc((size_t)(na + nb + nc + 1) * sizeof(float));
+    if (!fa) return SG_ENOMEM;
+    float *fb = fa + na, *fc = fb + nb;
+    sg_h2f(a, fa, na);
+    sg_h2f(b, fb, nb);
+    if (beta != 0.0f) sg_h2f(c, fc, nc);
+    mm_f32(fa, fb, fc, batch, batch_a, batch_b, m, n, k, ta, tb, alpha, beta);
+    sg_f2h(fc, c, nc);
+    free(fa);
+    return SG_OK;
+}
+
+/* Integer products accumulate a row of the output in int64 (wrapping like numpy on overflow). */
+#define INT_MM(SUF, T)                                                                                              \
+    static int mm_##SUF(const T *a, const T *b, T *c, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t m,   \
+                        int64_t n, int64_t k, int ta, int tb, double alpha, double beta) {                          \
+        const int plain = alpha == 1.0 && beta == 0.0;                                                              \
+        const int T_ = sg_threads_for(batch * m * n * (k > 0 ? k : 1), 1 << 16);                                    \
+        int err = SG_OK;                                                                                            \
+        _Pragma("omp parallel num_threads(T_) if (T_ > 1)") {                                                       \
+            int64_t *acc = (int64_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));                            \
+            if (!acc) {                                                                                             \
+                _Pragma("omp atomic write") err = SG_ENOMEM;                                                        \
+            } else {                                                                                                \
+                _Pragma("omp for schedule(static)") for (int64_t br = 0; br < batch * m; br++) {                    \
+                    const int64_t i = br / m, r = br % m;                                                           \
+                    const T *A = a + (batch_a == 1 ? 0 : i * m * k);                                                \
+                    const T *B = b + (batch_b == 1 ? 0 : i * k * n);                                                \
+                    T *C = c + br * n;                                                                              \
+                    memset(acc, 0, (size_t)n * sizeof(int64_t));                                                    \
+                    for (int64_t p = 0; p < k; p++) {                                                               \
+                        const int64_t av = ta ? A[p * m + r] : A[r * k + p];                                        \
+                        if (tb) {                                                                                   \
+                            for (int64_t j = 0; j < n; j++) acc[j] += av * B[j * k + p];                            \
+                        } else {                                                                                    \
+                            const T *Bp = B + p * n;                                                                \
+                            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) acc[j] += av * Bp[j];               \
+                        }                                                                                           \
+                    }                                                                                               \
+                    if (plain) {                                                                                    \
+                        for (int64_t j = 0; j < n; j++) C[j] = (T)acc[j];                                           \
+                    } else {                                                                                        \
+                        for (int64_t j = 0; j < n; j++)                                                             \
+                            C[j] = (T)(alpha * (double)acc[j] + (beta != 0.0 ? beta * (double)C[j] : 0.0));         \
+                    }                                                                                               \
+                }                                                                                                   \
+                free(acc);                                                                                          \
+            }                                                                                                       \
+        }                                                                                                           \
+        return err;                                                                                                 \
+    }
+INT_MM(i32, int32_t)
+INT_MM(i64, int64_t)
+
+int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
+              int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+              double alpha, double beta) {
+    if (batch == 0 || m == 0 || n == 0) return SG_OK;
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || batch * m > INT32_MAX) return SG_EVALUE;
+    switch (dtype) {
+    case SG_F32:
+        mm_f32((const float *)a + ao, (const float *)b + bo, (float *)out + oo, batch, batch_a, batch_b, m, n, k,
+               trans_a, trans_b, (float)alpha, (float)beta);
+        return SG_OK;
+    case SG_F16:
+        return mm_f16((const sg_half *)a + ao, (const sg_half *)b + bo, (sg_half *)out + oo, batch, batch_a, batch_b,
+                      m, n, k, trans_a, trans_b, (float)alpha, (float)beta);
+    case SG_I32:
+        return mm_i32((const int32_t *)a + ao, (const int32_t *)b + bo, (int32_t *)out + oo, batch, batch_a, batch_b,
+                      m, n, k, trans_a, trans_b, alpha, beta);
+    case SG_I64:
+        return mm_i64((const int64_t *)a + ao, (const int64_t *)b + bo, (int64_t *)out + oo, batch, batch_a, batch_b,
+                      m, n, k, trans_a, trans_b, alpha, beta);
+    default:
+        return SG_EDTYPE;
+    }
+}

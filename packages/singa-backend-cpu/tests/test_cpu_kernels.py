@@ -1,0 +1,948 @@
+"""The CPU backend's own kernel tests: every primitive family called directly with views, against numpy references
+computed in float64 (or exactly, for integers, bits and random draws).
+
+The shared conformance suite in singa-core checks the contract across backends; these tests also reach into what is
+particular to this backend: strided and broadcast layouts of the generated element-wise code, the threaded paths of
+large inputs, the vectorised exp, and the Philox generator against the Random123 known answers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import singa_backend_cpu
+from singa import device, dtypes, expressions, primitives
+from singa.backend import View
+from singa_backend_cpu.device import ffi
+from singa_backend_cpu.table import philox_u32
+
+DEV = device.get_device("cpu")
+K = DEV.kernels
+RNG = np.random.default_rng(20240521)
+NP = {dtypes.float32: np.float32, dtypes.float16: np.float16, dtypes.int32: np.int32, dtypes.int64: np.int64,
+      dtypes.bool_: np.bool_}
+ALL_NP = [np.float32, np.float16, np.int32, np.int64, np.bool_]
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+
+def put(arr) -> View:
+    arr = np.asarray(arr)
+    v = View(DEV.alloc(arr.nbytes), dtypes.from_numpy_dtype(arr.dtype), arr.shape)
+    DEV.write(v, arr)
+    return v
+
+
+def empty(shape, dt) -> View:
+    dt = np.dtype(dt)
+    return View(DEV.alloc(math.prod(shape) * dt.itemsize), dtypes.from_numpy_dtype(dt), tuple(shape))
+
+
+def get(v: View) -> np.ndarray:
+    return DEV.read(v)
+
+
+def strided_view(arr: np.ndarray, shape, strides, offset=0) -> View:
+    """A view of `shape` with element `strides` over a copy of the flat `arr` (broadcast when a stride is 0)."""
+    base = put(np.ascontiguousarray(arr).reshape(-1))
+    return View(base.buffer, base.dtype, tuple(shape), tuple(strides), offset)
+
+
+def host_strided(arr: np.ndarray, shape, strides, offset=0) -> np.ndarray:
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape, [s * flat.itemsize for s in strides]).copy()
+
+
+def sample(dt, shape, domain=(-3.0, 3.0)) -> np.ndarray:
+    if dt == np.bool_:
+        return RNG.random(shape) < 0.5
+    if np.issubdtype(dt, np.integer):
+        return RNG.integers(-6, 7, shape).astype(dt)
+    return RNG.uniform(domain[0], domain[1], shape).astype(dt)
+
+
+def close(got, ref, dt, rtol=None, atol=None) -> None:
+    got = np.asarray(got)
+    ref = np.asarray(ref)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    if np.dtype(dt) in (np.float32, np.float16):
+        tight = np.dtype(dt) == np.float32
+        np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), equal_nan=True,
+                                   rtol=rtol if rtol is not None else (1e-5 if tight else 2e-3),
+                                   atol=atol if atol is not None else (1e-6 if tight else 2e-3))
+    else:
+        np.testing.assert_array_equal(got, ref)
+
+
+# -- the table ----------------------------------------------------------------------------------------------------
+
+
+def test_every_primitive_is_implemented():
+    assert DEV.missing_kernels() == []
+    assert set(primitives.names()) <= set(K)
+    assert all(not getattr(fn, "is_fallback", False) for fn in DEV.table.values())
+
+
+def test_backend_reports_itself():
+    from singa import plugins
+
+    backend = plugins.get_backend("cpu")
+    info = backend.info()
+    assert backend.distribution == "singa-backend-cpu"
+    assert "OpenBLAS" in info["blas"]
+    assert "-fopenmp" in info["compiler flags"]
+    assert DEV.backend_name == "cpu"
+    assert "cpu:0" in DEV.description()
+
+
+def test_threads_setting_round_trips():
+    before = singa_backend_cpu.get_num_threads()
+    try:
+        singa_backend_cpu.set_num_threads(1)
+        assert singa_backend_cpu.get_num_threads() == 1
+        x = sample(np.float32, (1 << 20,))
+        one = empty((), np.float32)
+        K["reduce_sum"](one, put(x), axes=(0,))
+        singa_backend_cpu.set_num_threads(2)
+        two = empty((), np.float32)
+        K["reduce_sum"](two, put(x), axes=(0,))
+        close(get(one), get(two), np.float32, rtol=1e-6)
+    finally:
+        singa_backend_cpu.set_num_threads(before)
+    with pytest.raises(ValueError, match="at least 1"):
+        singa_backend_cpu.set_num_threads(0)
+
+
+# -- memory -------------------------------------------------------------------------------------------------------
+
+
+def test_buffers_are_64_byte_aligned_and_round_trip():
+    for n in (1, 3, 1000, 1 << 20):
+        buf = DEV.alloc(n)
+        assert int(ffi.cast("uintptr_t", buf.handle)) % 64 == 0
+    x = sample(np.float32, (5, 7))
+    v = put(x)
+    np.testing.assert_array_equal(get(v), x)
+    w = empty((5, 7), np.float32)
+    DEV.copy_view(w, v)
+    np.testing.assert_array_equal(get(w), x)
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+def test_fill(dt):
+    for shape in [(), (0, 3), (4, 5), (300, 700)]:
+        out = empty(shape, dt)
+        value = {np.float32: -2.5, np.float16: 0.333, np.int32: -7, np.int64: 2 ** 40 + 3, np.bool_: True}[dt]
+        K["fill"](out, value)
+        np.testing.assert_array_equal(get(out), np.full(shape, value, dt))
+    base = put(np.zeros((4, 6), dt))
+    K["fill"](View(base.buffer, base.dtype, (4, 3), (6, 2), 1), 1)
+    ref = np.zeros((4, 6), dt)
+    ref[:, 1::2] = 1
+    np.testing.assert_array_equal(get(base), ref)
+
+
+def test_fill_out_of_range_float_becomes_inf():
+    out = empty((2,), np.float16)
+    K["fill"](out, 1e6)
+    assert np.all(np.isinf(get(out)))
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+def test_copy_between_layouts(dt):
+    x = sample(dt, (6, 5, 4))
+    for shape, strides, offset in [((4, 5, 6), (1, 4, 20), 0), ((5, 4), (4, 1), 20), ((3, 2), (40, 3), 7),
+                                   ((6, 5, 4), (20, 4, 1), 0), ((), (), 11), ((0, 4), (4, 1), 0),
+                                   ((2, 5, 3), (0, 4, 1), 1)]:
+        out = empty(shape, dt)
+        K["copy"](out, strided_view(x, shape, strides, offset))
+        np.testing.assert_array_equal(get(out), host_strided(x, shape, strides, offset))
+    # strided destination
+    dst = put(np.zeros((4, 6), dt))
+    src = sample(dt, (4, 3))
+    K["copy"](View(dst.buffer, dst.dtype, (4, 3), (6, 2), 0), put(src))
+    np.testing.assert_array_equal(get(dst)[:, ::2], src)
+
+
+def test_copy_large_transposed_uses_threads_correctly():
+    x = sample(np.float32, (700, 900))
+    out = empty((900, 700), np.float32)
+    K["copy"](out, strided_view(x, (900, 700), (1, 900)))
+    np.testing.assert_array_equal(get(out), x.T)
+
+
+@pytest.mark.parametrize("src", ALL_NP)
+@pytest.mark.parametrize("dst", ALL_NP)
+def test_cast_every_pair(src, dst):
+    x = (RNG.standard_normal(301) * 50).astype(src) if src != np.bool_ else RNG.random(301) < 0.5
+    if src in (np.float32, np.float16):
+        x[:3] = [0.0, -0.0, 2.5]
+    out = empty(x.shape, dst)
+    K["cast"](out, put(x))
+    if dst == np.bool_:
+        ref = x != 0
+    elif np.issubdtype(dst, np.integer) and np.issubdtype(x.dtype, np.floating):
+        ref = np.trunc(x).astype(dst)  # toward zero
+    else:
+        ref = x.astype(dst)
+    np.testing.assert_array_equal(get(out), ref)
+    # strided source
+    out = empty((100,), dst)
+    K["cast"](out, strided_view(x, (100,), (3,), 1))
+    np.testing.assert_array_equal(get(out), ref[1::3][:100])
+
+
+def test_cast_large_int_to_half_rounds_once():
+    x = np.array([2049, 4095, 65519, 70000, -70000], np.int64)
+    out = empty(x.shape, np.float16)
+    K["cast"](out, put(x))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(get(out), x.astype(np.float16))
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+def test_where_broadcast(dt):
+    cond = RNG.random((4, 1, 6)) < 0.5
+    a = sample(dt, (1, 5, 6))
+    b = sample(dt, (4, 5, 1))
+    shape = (4, 5, 6)
+    out = empty(shape, dt)
+    K["where"](out, strided_view(cond, shape, (6, 0, 1)), strided_view(a, shape, (0, 6, 1)),
+               strided_view(b, shape, (5, 1, 0)))
+    np.testing.assert_array_equal(get(out), np.where(cond, a, b))
+    out = empty(shape, dt)
+    c2, a2, b2 = np.broadcast_arrays(cond, a, b)
+    K["where"](out, put(c2.copy()), put(a2.copy()), put(b2.copy()))
+    np.testing.assert_array_equal(get(out), np.where(cond, a, b))
+
+
+# -- element-wise -------------------------------------------------------------------------------------------------
+
+_PARAMS = {"clip": (-1.0, 1.5), "hardsigmoid": (0.2, 0.5), "selu": (1.67, 1.05)}
+
+
+def _elementwise_cases():
+    for entry in expressions.TABLE.values():
+        for dt in entry.dtypes:
+            yield pytest.param(entry.name, dt, id=f"{entry.name}-{dtypes.name(dt)}")
+
+
+def _reference(entry, xs, dt, params):
+    npdt = NP[dt]
+    out_dt = np.bool_ if entry.out_bool else npdt
+    if npdt in (np.float32, np.float16):
+        args = [x.astype(np.float64) for x in xs]
+        kw = {k: np.float64(v) for k, v in params.items()}
+    else:
+        args = list(xs)
+        kw = dict(params)
+    with np.errstate(all="ignore"):
+        r = np.asarray(entry.ref(*args, **kw))
+    return r.astype(out_dt) if (entry.out_bool or npdt not in (np.float32, np.float16)) else r
+
+
+@pytest.mark.parametrize(("name", "dt"), list(_elementwise_cases()))
+def test_elementwise_matches_reference(name, dt):
+    entry = expressions.TABLE[name]
+    npdt = NP[dt]
+    out_dt = np.bool_ if entry.out_bool else npdt
+    values = dict(zip(entry.params, _PARAMS.get(name, (0.3, 1.7))))
+    for shape in [(3, 5, 7), (), (0, 4), (70000,)]:  # the last one goes through the threaded path
+        xs = [sample(npdt, shape, entry.domain) for _ in range(entry.arity)]
+        out = empty(shape, out_dt)
+        K[name](out, *[put(x) for x in xs], **values)
+        close(get(out), _reference(entry, xs, dt, values), out_dt)
+
+
+@pytest.mark.parametrize(("name", "dt"), list(_elementwise_cases()))
+def test_elementwise_strided_and_broadcast(name, dt):
+    entry = expressions.TABLE[name]
+    npdt = NP[dt]
+    out_dt = np.bool_ if entry.out_bool else npdt
+    values = dict(zip(entry.params, _PARAMS.get(name, (0.3, 1.7))))
+    shape = (4, 3, 5)
+    if entry.arity == 1:
+        x = sample(npdt, (5, 3, 4), entry.domain)
+        views = [strided_view(x, shape, (1, 4, 12))]  # a transpose
+        hosts = [x.transpose(2, 1, 0)]
+    else:
+        a = sample(npdt, (4, 1, 5), entry.domain)
+        b = sample(npdt, (3, 1), entry.domain)
+        views = [strided_view(a, shape, (5, 0, 1)), strided_view(b, shape, (0, 1, 0))]
+        hosts = [np.broadcast_to(a, shape), np.broadcast_to(b, shape)]
+    out = empty(shape, out_dt)
+    K[name](out, *views, **values)
+    close(get(out), _reference(entry, hosts, dt, values), out_dt)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32, np.int64])
+def test_binary_broadcast_large_uses_threads_correctly(dt):
+    a = sample(dt, (300, 1000))
+    b = sample(dt, (1, 1000))
+    out = empty((300, 1000), dt)
+    K["add"](out, put(a), strided_view(b, (300, 1000), (0, 1)))
+    close(get(out), a.astype(np.float64) + b, dt)
+    out = empty((300, 1000), dt)
+    K["mul"](out, strided_view(b, (300, 1000), (0, 1)), strided_view(a, (300, 1000), (1000, 1)))
+    close(get(out), a.astype(np.float64) * b, dt)
+    col = sample(dt, (1, 300000))
+    out = empty((2, 300000), dt)  # two rows only: each row is split between threads
+    K["sub"](out, strided_view(col, (2, 300000), (0, 1)), strided_view(col[:, ::-1].copy(), (2, 300000), (0, 1)))
+    close(get(out), np.broadcast_to(col - col[:, ::-1], (2, 300000)).astype(np.float64), dt)
+
+
+def test_elementwise_in_place():
+    x = sample(np.float32, (1000,))
+    v = put(x)
+    K["add"](v, v, v)
+    close(get(v), 2.0 * x, np.float32)
+    K["exp"](v, v)
+    close(get(v), np.exp(2.0 * x.astype(np.float64)), np.float32)
+
+
+def test_elementwise_rejects_mismatched_dtypes_and_shapes():
+    with pytest.raises(TypeError, match="add"):
+        K["add"](empty((3,), np.float32), put(np.ones(3, np.float32)), put(np.ones(3, np.int32)))
+    with pytest.raises(TypeError, match="exp"):
+        K["exp"](empty((3,), np.int32), put(np.ones(3, np.int32)))
+    with pytest.raises(ValueError, match="broadcast"):
+        K["add"](empty((3,), np.float32), put(np.ones(3, np.float32)), put(np.ones(4, np.float32)))
+
+
+def test_integer_division_by_zero_is_zero_and_truncates():
+    a = np.array([7, -7, 7, -7, 5, 0], np.int32)
+    b = np.array([2, 2, -2, -2, 0, 0], np.int32)
+    for name, ref in [("div", [3, -3, -3, 3, 0, 0]), ("fmod", [1, -1, 1, -1, 0, 0]), ("mod", [1, 1, -1, -1, 0, 0])]:
+        out = empty(a.shape, np.int32)
+        K[name](out, put(a), put(b))
+        np.testing.assert_array_equal(get(out), ref, err_msg=name)
+
+
+def test_nan_and_inf_semantics():
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0], np.float32)
+    y = np.array([1.0, np.nan, 2.0, -0.0, np.nan, 0.5], np.float32)
+    for name, ref in [("maximum", np.maximum(x, y)), ("minimum", np.minimum(x, y))]:
+        out = empty(x.shape, np.float32)
+        K[name](out, put(x), put(y))
+        np.testing.assert_array_equal(get(out), ref, err_msg=name)
+    for name, ref in [("isnan", np.isnan(x)), ("isinf", np.isinf(x))]:
+        out = empty(x.shape, np.bool_)
+        K[name](out, put(x))
+        np.testing.assert_array_equal(get(out), ref, err_msg=name)
+
+
+def test_vectorised_exp_is_within_two_ulp():
+    # every 997th float32 bit pattern with a finite, non-overflowing exp, plus the edges
+    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (x > -110) & (x < 88.7)]
+    out = empty(x.shape, np.float32)
+    K["exp"](out, put(x))
+    got = get(out).astype(np.float64)
+    ref = np.exp(x.astype(np.float64))
+    ulp = np.maximum(np.spacing(ref.astype(np.float32)).astype(np.float64), 2.0 ** -149)
+    assert np.max(np.abs(got - ref) / ulp) <= 2.0
+    edge = np.array([np.nan, np.inf, -np.inf, 89.0, 88.8, -87.5, -103.5, -104.0, -200.0, 0.0], np.float32)
+    out = empty(edge.shape, np.float32)
+    K["exp"](out, put(edge))
+    with np.errstate(over="ignore"):
+        close(get(out), np.exp(edge.astype(np.float64)).astype(np.float32), np.float32, rtol=3e-7, atol=0)
+
+
+# -- reductions ---------------------------------------------------------------------------------------------------
+
+_REDUCE_REF = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min,
+               "reduce_prod": np.prod}
+_AXES = [(), (0,), (3,), (1, 2), (0, 2), (0, 3), (1, 3), (0, 1, 2, 3), (0, 2, 3)]
+
+
+@pytest.mark.parametrize("name", list(_REDUCE_REF))
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_float_reductions(name, dt):
+    x = sample(dt, (4, 5, 6, 7), (0.5, 1.5) if name == "reduce_prod" else (-3, 3))
+    for axes in _AXES:
+        ref = _REDUCE_REF[name](x.astype(np.float64), axis=axes) if axes else x.astype(np.float64)
+        out = empty(np.shape(ref), dt)
+        K[name](out, put(x), axes=axes)
+        close(get(out), ref, dt, rtol=1e-5 if dt == np.float32 else 3e-3)
+    for shape, axes in [((), ()), ((1, 1), (0,)), ((1, 1), ()), ((3, 1), (1,))]:  # nothing, or size-1 axes, to reduce
+        x = sample(dt, shape, (0.5, 1.5))
+        ref = _REDUCE_REF[name](x.astype(np.float64), axis=axes) if axes else x.astype(np.float64)
+        out = empty(np.shape(ref), dt)
+        K[name](out, put(x), axes=axes)
+        close(get(out), ref, dt, rtol=1e-5 if dt == np.float32 else 3e-3)
+
+
+@pytest.mark.parametrize("name", list(_REDUCE_REF))
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_reductions(name, dt):
+    x = RNG.integers(-3, 4, (4, 5, 6)).astype(dt)
+    for axes in [(0,), (2,), (0, 2), (0, 1, 2), ()]:
+        if name == "reduce_mean":
+            n = math.prod(x.shape[a] for a in axes) if axes else 1
+            ref = np.sum(x.astype(np.int64), axis=axes) // n
+        else:
+            ref = _REDUCE_REF[name](x.astype(np.int64), axis=axes)
+        out = empty(np.shape(ref), dt)
+        K[name](out, put(x), axes=axes)
+        np.testing.assert_array_equal(get(out), np.asarray(ref).astype(dt), err_msg=f"{name} {axes}")
+
+
+def test_bool_reductions_count():
+    x = RNG.random((30, 40)) < 0.3
+    out = empty((40,), np.int64)
+    K["reduce_sum"](out, put(x), axes=(0,))
+    np.testing.assert_array_equal(get(out), x.sum(axis=0))
+    out = empty((30,), np.bool_)
+    K["reduce_max"](out, put(x), axes=(1,))
+    np.testing.assert_array_equal(get(out), x.any(axis=1))
+
+
+def test_large_sums_are_accurate_on_every_path():
+    x = RNG.random(1 << 23).astype(np.float32)
+    out = empty((), np.float32)
+    K["reduce_sum"](out, put(x), axes=(0,))
+    close(get(out), x.astype(np.float64).sum(), np.float32, rtol=1e-6)
+    m = x.reshape(512, -1)
+    for axes in [(0,), (1,)]:
+        out = empty((m.shape[1 - axes[0]],), np.float32)
+        K["reduce_sum"](out, put(m), axes=axes)
+        close(get(out), m.astype(np.float64).sum(axis=axes), np.float32, rtol=1e-6)
+    t = x.reshape(8, 1024, -1)
+    out = empty((1024,), np.float32)
+    K["reduce_max"](out, put(t), axes=(0, 2))
+    close(get(out), t.max(axis=(0, 2)), np.float32)
+
+
+def test_reductions_of_empty_and_nan():
+    x = np.zeros((3, 0), np.float32)
+    out = empty((3,), np.float32)
+    K["reduce_sum"](out, put(x), axes=(1,))
+    np.testing.assert_array_equal(get(out), np.zeros(3))
+    K["reduce_mean"](out, put(x), axes=(1,))
+    assert np.all(np.isnan(get(out)))
+    K["reduce_prod"](out, put(x), axes=(1,))
+    np.testing.assert_array_equal(get(out), np.ones(3))
+    with pytest.raises(ValueError, match="reduce_max"):
+        K["reduce_max"](out, put(x), axes=(1,))
+    y = np.array([[1.0, np.nan, 3.0], [1.0, 2.0, 3.0]], np.float32)
+    for name, ref in [("reduce_max", np.max(y, axis=1)), ("reduce_min", np.min(y, axis=1))]:
+        out = empty((2,), np.float32)
+        K[name](out, put(y), axes=(1,))
+        np.testing.assert_array_equal(get(out), ref)
+        out = empty((3,), np.float32)
+        K[name](out, put(y), axes=(0,))
+        np.testing.assert_array_equal(get(out), _REDUCE_REF[name](y, axis=0))
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_argmax_argmin(dt, name):
+    x = sample(dt, (4, 5, 6)) if dt != np.bool_ else RNG.random((4, 5, 6)) < 0.5
+    ref_fn = np.argmax if name == "argmax" else np.argmin
+    for axis in (0, 1, 2, -1):
+        ref = ref_fn(x, axis=axis)
+        out = empty(ref.shape, np.int64)
+        K[name](out, put(x), axis=axis)
+        np.testing.assert_array_equal(get(out), ref, err_msg=f"axis {axis}")
+
+
+def test_argmax_ties_and_nan_follow_numpy():
+    x = np.array([[1.0, 3.0, 3.0, np.nan, np.nan], [2.0, 2.0, 1.0, 0.0, 2.0]], np.float32)
+    for name, fn in [("argmax", np.argmax), ("argmin", np.argmin)]:
+        for axis in (0, 1):
+            out = empty(fn(x, axis=axis).shape, np.int64)
+            K[name](out, put(x), axis=axis)
+            np.testing.assert_array_equal(get(out), fn(x, axis=axis))
+
+
+# -- matrix product -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("batches", [(1, 1, 1), (3, 3, 3), (3, 1, 3), (3, 3, 1)])
+def test_matmul(dt, ta, tb, batches):
+    batch, ba, bb = batches
+    m, n, k = 5, 6, 7
+    a = sample(dt, (ba, k, m) if ta else (ba, m, k))
+    b = sample(dt, (bb, n, k) if tb else (bb, k, n))
+    c = sample(dt, (batch, m, n))
+    A = np.swapaxes(a, 1, 2) if ta else a
+    B = np.swapaxes(b, 1, 2) if tb else b
+    product = np.matmul(A.astype(np.float64), B.astype(np.float64))
+    out = empty((batch, m, n), dt)
+    K["matmul"](out, put(a), put(b), trans_a=ta, trans_b=tb)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dt == np.float32 else {}
+    close(get(out), product.astype(dt) if np.issubdtype(dt, np.integer) else product, dt, **tol)
+    if dt != np.int32 and dt != np.int64:
+        out = put(c)
+        K["matmul"](out, put(a), put(b), trans_a=ta, trans_b=tb, alpha=0.5, beta=-2.0)
+        close(get(out), 0.5 * product - 2.0 * c.astype(np.float64), dt, **tol)
+
+
+def test_matmul_edges():
+    # k == 0 gives zeros (beta == 0 never reads the output, even when it holds NaN)
+    out = put(np.full((1, 3, 4), np.nan, np.float32))
+    K["matmul"](out, put(np.zeros((1, 3, 0), np.float32)), put(np.zeros((1, 0, 4), np.float32)))
+    np.testing.assert_array_equal(get(out), np.zeros((1, 3, 4)))
+    # 2-D operands and a large product through OpenBLAS
+    a = sample(np.float32, (300, 200))
+    b = sample(np.float32, (200, 100))
+    out = empty((300, 100), np.float32)
+    K["matmul"](out, put(a), put(b))
+    close(get(out), a.astype(np.float64) @ b, np.float32, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="matmul"):
+        K["matmul"](empty((1, 3, 4), np.float32), put(np.zeros((1, 3, 5), np.float32)),
+                    put(np.zeros((1, 6, 4), np.float32)))
+
+
+# -- convolution --------------------------------------------------------------------------------------------------
+
+
+def conv_ref(x, w, b, stride, pad, dil, groups):
+    """Direct float64 cross-correlation: pad, then add kh*kw shifted slices times the weights."""
+    n, _, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    oh = (h + pad[0] + pad[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pad[1] + pad[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    y = np.zeros((n, k, oh, ow))
+    kg = k // groups
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * cg:(g + 1) * cg, i * dil[0]:i * dil[0] + stride[0] * (oh - 1) + 1:stride[0],
+                           j * dil[1]:j * dil[1] + stride[1] * (ow - 1) + 1:stride[1]]
+                y[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, w[g * kg:(g + 1) * kg, :, i, j])
+    if b is not None:
+        y += b.reshape(1, -1, 1, 1)
+    return y
+
+
+def conv_grads_ref(x, w, dy, stride, pad, dil, groups):
+    """dx and dw by the adjoint of conv_ref (exact in float64)."""
+    n, c, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    oh, ow = dy.shape[2:]
+    kg = k // groups
+    grown = (h + pad[0] + pad[2] + stride[0] * kh * dil[0], wd + pad[1] + pad[3] + stride[1] * kw * dil[1])
+    dxp = np.zeros((n, c) + grown)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], dxp.shape[2] - h - pad[0]),
+                                       (pad[1], dxp.shape[3] - wd - pad[1])))
+    dw = np.zeros(w.shape)
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                hs = slice(i * dil[0], i * dil[0] + stride[0] * (oh - 1) + 1, stride[0])
+                ws = slice(j * dil[1], j * dil[1] + stride[1] * (ow - 1) + 1, stride[1])
+                d = dy[:, g * kg:(g + 1) * kg].astype(np.float64)
+                dxp[:, g * cg:(g + 1) * cg, hs, ws] += np.einsum("nkhw,kc->nchw", d, w[g * kg:(g + 1) * kg, :, i, j])
+                dw[g * kg:(g + 1) * kg, :, i, j] = np.einsum("nkhw,nchw->kc", d, xp[:, g * cg:(g + 1) * cg, hs, ws])
+    return dxp[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd], dw
+
+
+CONV_CASES = [
+    # N, C, H, W, K, kh, kw, stride, padding (t, l, b, r), dilation, groups
+    (2, 3, 7, 6, 4, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (3, 4, 9, 8, 6, 3, 2, (2, 1), (0, 2, 1, 0), (1, 2), 2),
+    (2, 4, 5, 5, 4, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # pointwise: x is read as it is
+    (5, 4, 4, 4, 2, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),  # pointwise, images batched
+    (1, 8, 33, 40, 16, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 4),
+    (40, 3, 8, 8, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # small images batched into one product
+    (2, 6, 6, 6, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),  # depthwise
+    (1, 2, 3, 3, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),  # kernel larger than the input
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_conv2d_forward_and_backward(case, dt):
+    n, c, h, wd, k, kh, kw, stride, pad, dil, groups = case
+    x = sample(dt, (n, c, h, wd))
+    w = sample(dt, (k, c // groups, kh, kw))
+    b = sample(dt, (k,))
+    params = {"stride": stride, "padding": pad, "dilation": dil, "groups": groups}
+    ref = conv_ref(x, w, b, stride, pad, dil, groups)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else {"rtol": 1e-2, "atol": 5e-2}
+    y = empty(ref.shape, dt)
+    K["conv2d"](y, put(x), put(w), put(b), **params)
+    close(get(y), ref, dt, **tol)
+    y = empty(ref.shape, dt)
+    K["conv2d"](y, put(x), put(w), None, **params)
+    close(get(y), ref - b.astype(np.float64).reshape(1, -1, 1, 1), dt, **tol)
+    dy = sample(dt, ref.shape)
+    dx_ref, dw_ref = conv_grads_ref(x, w, dy, stride, pad, dil, groups)
+    dx = empty(x.shape, dt)
+    K["conv2d_backward_data"](dx, put(dy), put(w), **params)
+    close(get(dx), dx_ref, dt, **tol)
+    dw = empty(w.shape, dt)
+    K["conv2d_backward_weight"](dw, put(dy), put(x), **params)
+    close(get(dw), dw_ref, dt, **(tol if dt == np.float32 else {"rtol": 1e-2, "atol": 0.3}))
+
+
+def test_conv2d_rejects_bad_groups():
+    with pytest.raises(ValueError, match="conv2d"):
+        K["conv2d"](empty((1, 4, 3, 3), np.float32), put(np.zeros((1, 3, 3, 3), np.float32)),
+                    put(np.zeros((4, 2, 1, 1), np.float32)), None, groups=2)
+
+
+# -- pooling ------------------------------------------------------------------------------------------------------
+
+
+def pool_ref(x, kernel, stride, pad, dil, mode, cip, oh, ow):
+    n, c, h, w = x.shape
+    y = np.zeros((n, c, oh, ow))
+    idx = np.full((n, c, oh, ow), -1, np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
+            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
+            inside = [(r, q) for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+            padded = sum(1 for r in rows for q in cols if -pad[0] <= r < h + pad[2] and -pad[1] <= q < w + pad[3])
+            if not inside:
+                continue
+            vals = np.stack([x[:, :, r, q] for r, q in inside], axis=-1).astype(np.float64)
+            if mode == "max":
+                best = np.argmax(vals, axis=-1)
+                y[:, :, i, j] = np.take_along_axis(vals, best[..., None], -1)[..., 0]
+                idx[:, :, i, j] = np.array([r * w + q for r, q in inside])[best]
+            else:
+                y[:, :, i, j] = vals.sum(-1) / (padded if cip else len(inside))
+    return y, idx
+
+
+POOL_CASES = [
+    # N, C, H, W, kernel, stride, padding, dilation, mode, count_include_pad, ceil
+    (2, 3, 8, 8, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), "max", False, False),
+    (2, 3, 7, 9, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), "avg", True, True),
+    (2, 3, 7, 9, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), "avg", False, True),
+    (1, 2, 10, 7, (3, 2), (2, 3), (1, 0, 1, 1), (2, 1), "max", False, True),
+    (1, 1, 5, 5, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), "max", False, True),  # the last window hangs off the edge
+    (2, 2, 6, 6, (3, 3), (1, 1), (2, 0, 0, 2), (1, 1), "avg", True, False),
+]
+
+
+def _pool_out(size, k, s, p0, p1, d, ceil):
+    span = size + p0 + p1 - d * (k - 1) - 1
+    return (-(-span // s) if ceil else span // s) + 1
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_pool2d_forward_and_backward(case, dt):
+    n, c, h, w, kernel, stride, pad, dil, mode, cip, ceil = case
+    oh = _pool_out(h, kernel[0], stride[0], pad[0], pad[2], dil[0], ceil)
+    ow = _pool_out(w, kernel[1], stride[1], pad[1], pad[3], dil[1], ceil)
+    x = sample(dt, (n, c, h, w))
+    params = {"kernel": kernel, "stride": stride, "padding": pad, "dilation": dil, "mode": mode,
+              "count_include_pad": cip}
+    y_ref, idx_ref = pool_ref(x, kernel, stride, pad, dil, mode, cip, oh, ow)
+    y = empty((n, c, oh, ow), dt)
+    idx = empty((n, c, oh, ow), np.int64)
+    K["pool2d"](y, idx, put(x), **params)
+    close(get(y), y_ref, dt)
+    np.testing.assert_array_equal(get(idx), idx_ref)
+    y2 = empty((n, c, oh, ow), dt)
+    K["pool2d"](y2, None, put(x), **params)
+    close(get(y2), y_ref, dt)
+    # backward against the adjoint of the reference
+    dy = sample(dt, (n, c, oh, ow))
+    dx_ref = np.zeros((n, c, h * w))
+    for i in range(oh):
+        for j in range(ow):
+            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
+            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
+            inside = [r * w + q for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+            if not inside:
+                continue
+            if mode == "max":
+                for nn in range(n):
+                    for cc in range(c):
+                        dx_ref[nn, cc, idx_ref[nn, cc, i, j]] += dy[nn, cc, i, j]
+            else:
+                padded = sum(1 for r in rows for q in cols if -pad[0] <= r < h + pad[2] and -pad[1] <= q < w + pad[3])
+                for p in inside:
+                    dx_ref[:, :, p] += dy[:, :, i, j].astype(np.float64) / (padded if cip else len(inside))
+    dx = empty(x.shape, dt)
+    K["pool2d_backward"](dx, put(dy), put(x), idx if mode == "max" else None, **params)
+    close(get(dx), dx_ref.reshape(x.shape), dt)
+    if mode == "max":  # without indices the winners are found again from x
+        dx = empty(x.shape, dt)
+        K["pool2d_backward"](dx, put(dy), put(x), None, **params)
+        close(get(dx), dx_ref.reshape(x.shape), dt)
+
+
+# -- batch normalisation ------------------------------------------------------------------------------------------
+
+
+def _bn_axes(shape):
+    return (0,) + tuple(range(2, len(shape)))
+
+
+def _bc(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (8, 5), (2, 64, 3, 3), (1, 2, 1, 1)])
+@pytest.mark.parametrize(("dt", "pdt"), [(np.float32, np.float32), (np.float16, np.float16), (np.float16, np.float32)])
+def test_batchnorm(shape, dt, pdt):
+    c, nd = shape[1], len(shape)
+    x = (RNG.standard_normal(shape) * 2 + 30).astype(dt)  # a mean far from zero must not cost precision
+    scale, bias = sample(pdt, (c,)), sample(pdt, (c,))
+    rmean, rvar = sample(pdt, (c,)), (RNG.random(c) + 0.5).astype(pdt)
+    xf = x.astype(np.float64)
+    axes = _bn_axes(shape)
+    m = xf.size // c
+    mean, var = xf.mean(axis=axes), xf.var(axis=axes)
+    invstd = 1 / np.sqrt(var + 1e-5)
+    y_ref = (xf - _bc(mean, nd)) * _bc(invstd * scale, nd) + _bc(bias.astype(np.float64), nd)
+    tol = {} if dt == np.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    y, rm, rv = empty(shape, dt), put(rmean), put(rvar)
+    sm, si = empty((c,), pdt), empty((c,), pdt)
+    K["batchnorm_train"](y, rm, rv, sm, si, put(x), put(scale), put(bias), momentum=0.9, eps=1e-5)
+    close(get(y), y_ref, dt, **tol)
+    close(get(sm), mean, pdt, rtol=1e-5 if pdt == np.float32 else 2e-3)
+    close(get(si), invstd, pdt, rtol=1e-4 if pdt == np.float32 else 2e-3)
+    close(get(rm), 0.9 * rmean + 0.1 * mean, pdt, rtol=1e-5 if pdt == np.float32 else 2e-3)
+    close(get(rv), 0.9 * rvar + 0.1 * var * m / max(m - 1, 1), pdt, rtol=1e-4 if pdt == np.float32 else 2e-3)
+
+    y2 = empty(shape, dt)
+    K["batchnorm_infer"](y2, put(x), put(scale), put(bias), put(rmean), put(rvar), eps=1e-5)
+    inv = 1 / np.sqrt(rvar.astype(np.float64) + 1e-5)
+    close(get(y2), (xf - _bc(rmean.astype(np.float64), nd)) * _bc(inv * scale, nd) + _bc(bias.astype(np.float64), nd),
+          dt, **tol)
+
+    dy = sample(dt, shape)
+    dyf = dy.astype(np.float64)
+    smf, sif = get(sm).astype(np.float64), get(si).astype(np.float64)
+    xhat = (xf - _bc(smf, nd)) * _bc(sif, nd)
+    db, ds = dyf.sum(axis=axes), (dyf * xhat).sum(axis=axes)
+    dx_ref = _bc(scale * sif, nd) / m * (m * dyf - _bc(db, nd) - xhat * _bc(ds, nd))
+    dx, dscale, dbias = empty(shape, dt), empty((c,), pdt), empty((c,), pdt)
+    K["batchnorm_backward"](dx, dscale, dbias, put(dy), put(x), put(scale), sm, si)
+    close(get(dx), dx_ref, dt, **({"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else tol))
+    close(get(dscale), ds, pdt, **({"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else {"rtol": 2e-2, "atol": 5e-2}))
+    close(get(dbias), db, pdt, **({"rtol": 1e-5, "atol": 1e-5} if dt == np.float32 else {"rtol": 2e-2, "atol": 5e-2}))
+
+
+# -- softmax and the loss -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize(("shape", "axis"), [((4, 10), 1), ((4, 10), 0), ((3, 5, 7), 1), ((2, 3, 2000), 1),
+                                             ((6,), 0), ((3, 4, 5), -1), ((300, 40), 1), ((0, 5), 1)])
+def test_softmax_family(dt, shape, axis):
+    x = (RNG.standard_normal(shape) * 3).astype(dt)
+    xf = x.astype(np.float64)
+    z = xf - (xf.max(axis=axis, keepdims=True) if x.size else 0)
+    lse = np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    refs = {"softmax": np.exp(z - lse), "log_softmax": z - lse}
+    for name, ref in refs.items():
+        y = empty(shape, dt)
+        K[name](y, put(x), axis=axis)
+        close(get(y), ref, dt)
+        yv = ref.astype(dt)
+        dy = sample(dt, shape)
+        dyf, yf = dy.astype(np.float64), yv.astype(np.float64)
+        if name == "softmax":
+            dx_ref = yf * (dyf - (dyf * yf).sum(axis=axis, keepdims=True))
+        else:
+            dx_ref = dyf - np.exp(yf) * dyf.sum(axis=axis, keepdims=True)
+        dx = empty(shape, dt)
+        K[name + "_backward"](dx, put(dy), put(yv), axis=axis)
+        close(get(dx), dx_ref, dt, **({"rtol": 1e-5, "atol": 1e-5} if dt == np.float32 else {}))
+
+
+def test_softmax_is_stable_for_large_inputs():
+    x = np.array([[1000.0, 999.0, -1000.0], [-np.inf, 0.0, 0.0]], np.float32)
+    y = empty(x.shape, np.float32)
+    K["softmax"](y, put(x), axis=1)
+    close(get(y), [[1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1)), 0.0], [0.0, 0.5, 0.5]], np.float32)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("target_kind", ["int32", "int64", "prob"])
+def test_softmax_cross_entropy(dt, target_kind):
+    n, c = 7, 5
+    x = (RNG.standard_normal((n, c)) * 2).astype(dt)
+    if target_kind == "prob":
+        t = RNG.random((n, c)).astype(dt)  # not normalised: the gradient must use sum(t)
+        tf = t.astype(np.float64)
+    else:
+        t = RNG.integers(-c, c, n).astype(target_kind)  # negative labels count from the end, as numpy indexes
+        tf = np.zeros((n, c))
+        tf[np.arange(n), t] = 1.0
+    xf = x.astype(np.float64)
+    logp = xf - xf.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    loss = empty((n,), dt)
+    K["softmax_cross_entropy"](loss, put(x), put(t))
+    close(get(loss), -(tf * logp).sum(1), dt)
+    dloss = RNG.random(n).astype(dt)
+    dx = empty((n, c), dt)
+    K["softmax_cross_entropy_backward"](dx, put(dloss), put(x), put(t))
+    close(get(dx), (np.exp(logp) * tf.sum(1, keepdims=True) - tf) * dloss.astype(np.float64)[:, None], dt)
+
+
+def test_softmax_cross_entropy_rejects_bad_labels():
+    x = put(np.zeros((3, 4), np.float32))
+    with pytest.raises(IndexError, match="label 9"):
+        K["softmax_cross_entropy"](empty((3,), np.float32), x, put(np.array([0, 9, 1], np.int64)))
+    with pytest.raises(IndexError):
+        K["softmax_cross_entropy_backward"](empty((3, 4), np.float32), put(np.ones(3, np.float32)), x,
+                                            put(np.array([0, -5, 1], np.int32)))
+
+
+# -- indexing -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+@pytest.mark.parametrize("idt", [np.int32, np.int64])
+def test_gather_and_scatter_add(dt, idt):
+    x = sample(dt, (4, 5, 6))
+    for axis in (0, 1, 2, -1):
+        n = x.shape[axis]
+        idx = RNG.integers(-n, n, (2, 3)).astype(idt)
+        ref = np.take(x, idx.astype(np.int64), axis=axis)
+        out = empty(ref.shape, dt)
+        K["gather"](out, put(x), put(idx), axis=axis)
+        np.testing.assert_array_equal(get(out), ref)
+        if dt == np.bool_:
+            continue
+        upd = sample(dt, ref.shape)
+        acc = put(x)
+        K["scatter_add"](acc, put(idx), put(upd), axis=axis)
+        expect = x.astype(np.float64)
+        moved = np.moveaxis(expect, axis, 0)
+        np.add.at(moved, np.where(idx < 0, idx + n, idx).reshape(-1),
+                  np.moveaxis(upd.reshape(x.shape[:axis % 3] + (idx.size,) + x.shape[axis % 3 + 1:]), axis, 0))
+        close(get(acc), expect.astype(dt) if np.issubdtype(dt, np.integer) else expect, dt)
+
+
+def test_gather_rejects_out_of_range_and_scatter_handles_large_inputs():
+    with pytest.raises(IndexError, match="index 5"):
+        K["gather"](empty((2,), np.float32), put(np.zeros(5, np.float32)), put(np.array([0, 5], np.int64)), axis=0)
+    with pytest.raises(IndexError):
+        K["scatter_add"](put(np.zeros(5, np.float32)), put(np.array([-6], np.int32)), put(np.ones(1, np.float32)),
+                         axis=0)
+    # an embedding-sized gradient: many duplicate rows, threads split the inner axis
+    idx = RNG.integers(0, 50, 4000).astype(np.int64)
+    upd = sample(np.float32, (4000, 64))
+    acc = put(np.zeros((50, 64), np.float32))
+    K["scatter_add"](acc, put(idx), put(upd), axis=0)
+    expect = np.zeros((50, 64))
+    np.add.at(expect, idx, upd.astype(np.float64))
+    close(get(acc), expect, np.float32, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad(dt, mode):
+    x = sample(dt, (3, 4, 5))
+    for pads in [(1, 2, 0, 3, 1, 2), (0, 0, 0, 0, 0, 0), (2, 3, 4, 2, 3, 4), (7, 0, 9, 0, 8, 1)]:
+        width = [(pads[i], pads[i + 3]) for i in range(3)]
+        value = True if dt == np.bool_ else 1.5
+        if mode == "constant":
+            ref = np.pad(x, width, mode="constant", constant_values=np.array(value).astype(dt))
+        else:
+            ref = np.pad(x, width, mode=mode)
+        out = empty(ref.shape, dt)
+        K["pad"](out, put(x), pads=pads, mode=mode, value=value)
+        np.testing.assert_array_equal(get(out), ref, err_msg=str(pads))
+
+
+def test_pad_edge_cases():
+    one = np.array([4.0], np.float32)
+    out = empty((6,), np.float32)
+    K["pad"](out, put(one), pads=(2, 3), mode="reflect")
+    np.testing.assert_array_equal(get(out), np.full(6, 4.0))
+    out = empty((), np.float32)
+    K["pad"](out, put(np.array(3.0, np.float32)), pads=(), mode="constant")
+    assert get(out) == 3.0
+    out = empty((2, 3), np.int32)
+    K["pad"](out, put(np.zeros((0, 3), np.int32)), pads=(1, 0, 1, 0), mode="constant", value=-2)
+    np.testing.assert_array_equal(get(out), np.full((2, 3), -2))
+    with pytest.raises(ValueError, match="pad"):
+        K["pad"](out, put(np.zeros((0, 3), np.int32)), pads=(1, 0, 1, 0), mode="edge")
+
+
+# -- random numbers -----------------------------------------------------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def philox_ref(counter, key):
+    """Philox4x32-10 in plain Python (Salmon et al., SC'11), the test's own reference."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, p1 & _M32, ((p0 >> 32) ^ c3 ^ k1) & _M32, p0 & _M32
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return [c0, c1, c2, c3]
+
+
+def draws_ref(seed, offset, n):
+    """Draw j of the stream: word (offset + j) % 4 of Philox(counter (offset + j) // 4, key seed)."""
+    key = (seed & _M32, seed >> 32)
+    out = []
+    for c in range(offset, offset + n):
+        q = c // 4
+        out.append(philox_ref((q & _M32, q >> 32, 0, 0), key)[c % 4])
+    return out
+
+
+def test_philox_reference_matches_random123_known_answers():
+    assert philox_ref((0, 0, 0, 0), (0, 0)) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert philox_ref((_M32,) * 4, (_M32, _M32)) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    assert philox_ref((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == [
+        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+@pytest.mark.parametrize(("seed", "offset", "n"), [(0, 0, 4), (0, 1, 9), (0x123456789ABCDEF0, 3, 300),
+                                                  (7, (1 << 34) + 2, 50), (2 ** 64 - 1, 0, 17)])
+def test_philox_draws_are_bit_identical(seed, offset, n):
+    assert philox_u32(seed, offset, n) == draws_ref(seed, offset, n)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("offset", [0, 4, 7, 1001])
+def test_random_uniform_is_bit_identical(dt, offset):
+    seed, n = 0xDEADBEEF12345678, 3001
+    u = (np.array(draws_ref(seed, offset, n), np.uint64) >> 8).astype(np.float64) * 2.0 ** -24
+    out = empty((n,), dt)
+    K["random_uniform"](out, low=-2.0, high=3.0, seed=seed, offset=offset)
+    np.testing.assert_array_equal(get(out), (-2.0 + 5.0 * u).astype(dt))
+    big = empty((1 << 18,), np.float32)  # threaded: the same stream whatever the split
+    K["random_uniform"](big, low=0.0, high=1.0, seed=seed, offset=offset)
+    np.testing.assert_array_equal(get(big)[:n], u.astype(np.float32))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_random_normal_follows_box_muller(dt):
+    seed, offset, n = 42, 8, 2000
+    u = (np.array(draws_ref(seed, offset, 2 * n), np.uint64) >> 8).astype(np.float64) * 2.0 ** -24
+    ref = 1.0 + 2.0 * np.sqrt(-2.0 * np.log(1.0 - u[0::2])) * np.cos(2.0 * np.pi * u[1::2])
+    out = empty((n,), dt)
+    K["random_normal"](out, mean=1.0, std=2.0, seed=seed, offset=offset)
+    close(get(out), ref.astype(dt), dt, rtol=1e-6 if dt == np.float32 else 1e-3, atol=1e-6)
+    big = empty((1 << 18,), np.float32)
+    K["random_normal"](big, mean=0.0, std=1.0, seed=seed, offset=0)
+    z = get(big).astype(np.float64)
+    assert abs(z.mean()) < 0.01
+    assert abs(z.std() - 1.0) < 0.01
+
+
+@pytest.mark.parametrize("dt", ALL_NP)
+def test_random_bernoulli(dt):
+    seed, offset, n = 99, 5, 5000
+    u = (np.array(draws_ref(seed, offset, n), np.uint64) >> 8).astype(np.float64) * 2.0 ** -24
+    out = empty((n,), dt)
+    K["random_bernoulli"](out, p=0.3, seed=seed, offset=offset)
+    np.testing.assert_array_equal(get(out), (u < 0.3).astype(dt))

@@ -1,0 +1,443 @@
+"""SINGA's `opt` module: optimizers (SGD, RMSProp, AdaGrad, Adam) and learning-rate schedules.
+
+The update equations are PyTorch's (`torch.optim`), weight decay included (an L2 term added to the gradient).
+
+Updates are written in place into each parameter's own memory, and every quantity that changes from step to step
+(the learning rate of a schedule, Adam's bias corrections, SGD's first-step dampening) is computed on the device from
+the step counter, itself a device tensor advanced by `step()`. A training step therefore has no Python-side state
+that a graph replay (singa.graph) would miss, and a recorded step stays correct at every later step.
+
+Optimizer state (momentum buffers, moments) belongs to the parameter *object*: it is kept in a dict keyed by
+`id(param)` that also holds the parameter, so that the id cannot be reused. Two parameters with the same name never
+share state. Names only label the state in `get_states()` / `set_states()` checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from singa import dtypes as _dt
+from singa import graph, ops, tensor
+from singa.backend import Device
+from singa.tensor import Tensor
+
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam"]
+
+
+# -- learning-rate schedules ----------------------------------------------------------------------------------------
+
+
+class DecayScheduler:
+    """A value that depends on the step: `scheduler(step)` for a number (a float) or a 0-d Tensor (a Tensor on the
+    same device, computed with kernels so that graph replays follow the schedule)."""
+
+    def __init__(self, init_value: float):
+        self.init_value = float(init_value)
+
+    def __call__(self, step: Any) -> Any:
+        return self.call(step)
+
+    def call(self, step: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.call is not implemented")
+
+
+class Constant(DecayScheduler):
+    """The same value at every step."""
+
+    def call(self, step: Any) -> Any:
+        if isinstance(step, Tensor):
+            dt = step.dtype if step.dtype in _dt.FLOATS else _dt.float32
+            return ops.full((), self.init_value, dt, step.device)
+        return self.init_value
+
+
+class ExponentialDecay(DecayScheduler):
+    """init_value * decay_rate ** (step / decay_steps); with staircase the exponent is floored (decay in steps)."""
+
+    def __init__(self, init_value: float, decay_steps: int, decay_rate: float, staircase: bool = False):
+        super().__init__(init_value)
+        if decay_steps <= 0:
+            raise ValueError(f"ExponentialDecay: decay_steps must be positive, got {decay_steps}")
+        self.decay_steps = decay_steps
+        self.decay_rate = float(decay_rate)
+        self.staircase = staircase
+
+    def call(self, step: Any) -> Any:
+        if isinstance(step, Tensor):
+            s = step if step.dtype in _dt.FLOATS else ops.cast(step, _dt.float32)
+            e = ops.div(s, float(self.decay_steps))
+            if self.staircase:
+                e = ops.floor(e)
+            return ops.mul(ops.unary("rpow_scalar", e, alpha=self.decay_rate), self.init_value)
+        e = float(step) / self.decay_steps
+        if self.staircase:
+            e = math.floor(e)
+        return self.init_value * self.decay_rate ** e
+
+
+# -- optimizers -----------------------------------------------------------------------------------------------------
+
+
+class _ParamState:
+    __slots__ = ("param", "name", "tensors")
+
+    def __init__(self, param: Tensor, name: str, tensors: dict[str, Tensor]):
+        self.param = param  # keeps id(param) from being reused while the state exists
+        self.name = name
+        self.tensors = tensors
+
+
+class Optimizer:
+    """Base class: `opt(loss)` runs `autograd.backward(loss)`, updates every parameter it yields, then `step()`.
+
+    `lr` is a number or a DecayScheduler; `dtype` is that of the step counter's float view and the schedule values.
+    """
+
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, lr: float | DecayScheduler, dtype: int = tensor.float32):
+        if isinstance(lr, DecayScheduler):
+            self.lr = lr
+        else:
+            lr = float(lr)
+            if not lr >= 0.0:
+                raise ValueError(f"{type(self).__name__}: lr must be >= 0, got {lr}")
+            self.lr = Constant(lr)
+        if dtype not in _dt.FLOATS:
+            raise TypeError(f"{type(self).__name__}: dtype must be tensor.float32 or float16, got {_dt.name(dtype)}")
+        self.dtype = dtype
+        self.step_counter: Tensor | None = None  # int32, 0-d, on the device of the first parameter updated
+        self._one: Tensor | None = None
+        self._states: dict[int, _ParamState] = {}
+        self._names: set[str] = set()
+        self._scalars: dict[tuple, Any] = {}  # per-step device scalars; step() clears them
+        self._pending: dict[str, np.ndarray] = {}  # set_states() values for parameters not seen yet
+        self._pending_step = 0
+
+    # -- the public protocol ------------------------------------------------------------------------------------------
+    def __call__(self, loss: Tensor) -> None:
+        self.call(loss)
+        self.step()
+
+    def call(self, loss: Tensor) -> None:
+        """Backward from `loss` and update each parameter as its gradient arrives (no step())."""
+        from singa import autograd
+
+        graph.set_phase("backward")
+        for p, g in autograd.backward(loss):
+            self.update(p, g)
+            graph.set_phase("backward")
+        graph.set_phase("update")
+
+    def backward_and_update(self, loss: Tensor) -> None:
+        """Same as `opt(loss)` (DistOpt's spelling, so single- and multi-process scripts read alike)."""
+        self(loss)
+
+    def update(self, param: Tensor, grad: Tensor) -> None:
+        """Update one parameter in place from its gradient."""
+        self.apply(param.name, param, grad)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        """Update `param_value` in place; `param_name` only labels its state in checkpoints."""
+        raise NotImplementedError(f"{type(self).__name__}.apply is not implemented")
+
+    def step(self) -> None:
+        """Advance the step counter (learning-rate schedules and bias corrections read it)."""
+        self._scalars.clear()
+        if self.step_counter is None:
+            self._pending_step += 1
+            return
+        ops.add(self.step_counter, self._one, out=self.step_counter)
+
+    def device_check(self, *inputs: Tensor) -> None:
+        """Move every tensor to the device of the first one (in place), as SINGA does."""
+        dev = inputs[0].device
+        for t in inputs[1:]:
+            if t is not None and t.device is not dev:
+                t.to_device(dev)
+
+    # -- checkpoints --------------------------------------------------------------------------------------------------
+    def get_states(self) -> dict[str, Tensor]:
+        """{'step_counter': ..., '<param name>/<state>': ...} as Tensor copies (np.asarray converts each)."""
+        out: dict[str, Tensor] = {}
+        if self.step_counter is not None:
+            out["step_counter"] = self.step_counter.clone()
+        else:
+            out["step_counter"] = tensor.from_numpy(np.array(self._pending_step, np.int32))
+        for st in self._states.values():
+            for s, t in st.tensors.items():
+                out[f"{st.name}/{s}"] = t.clone()
+        for k, v in self._pending.items():
+            out.setdefault(k, tensor.from_numpy(v))
+        return out
+
+    def set_states(self, states: Mapping[str, Any]) -> None:
+        """Restore what get_states() returned. States of parameters not updated yet are applied at their first
+        update (a fresh optimizer can be loaded before training resumes). Existing tensors are written in place."""
+        by_name = {st.name: st for st in self._states.values()}
+        plan: list[tuple[str, np.ndarray]] = []
+        bad: list[str] = []
+        step = None
+        for k, v in states.items():
+            if k == "step_counter":
+                step = int(np.asarray(v).reshape(()))
+                continue
+            name, sep, s = str(k).rpartition("/")
+            if not sep or s not in self.state_names:
+                bad.append(str(k))
+                continue
+            arr = np.asarray(v)
+            st = by_name.get(name)
+            if st is not None and st.tensors[s].shape != arr.shape:
+                raise ValueError(f"{type(self).__name__}.set_states: {k!r} has shape {arr.shape} but parameter "
+                                 f"{name!r} has shape {st.param.shape}")
+            plan.append((str(k), arr))
+        if bad:
+            want = ", ".join(self.state_names) or "none"
+            raise KeyError(f"{type(self).__name__}.set_states: unknown state(s) {', '.join(map(repr, bad))}; "
+                           f"expected 'step_counter' and '<param>/<state>' with <state> one of: {want}")
+        if step is not None:
+            if self.step_counter is not None:
+                self.step_counter.copy_from_numpy(np.array(step, np.int32))
+            else:
+                self._pending_step = step
+        for k, arr in plan:
+            name, _, s = k.rpartition("/")
+            st = by_name.get(name)
+            if st is None:
+                self._pending[k] = np.array(arr, copy=True)
+            else:
+                st.tensors[s].copy_from_numpy(arr)
+        self._scalars.clear()
+
+    # -- helpers for subclasses ----------------------------------------------------------------------------------------
+    def _check(self, name: Any, p: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        who = type(self).__name__
+        if not isinstance(p, Tensor) or not isinstance(g, Tensor):
+            raise TypeError(f"{who}: parameter and gradient must be Tensors, got {type(p).__name__} and "
+                            f"{type(g).__name__}")
+        self.device_check(p, g)
+        if p.shape != g.shape:
+            raise ValueError(f"{who}: gradient of shape {g.shape} for parameter {name!r} of shape {p.shape}")
+        if p.dtype != g.dtype:
+            raise TypeError(f"{who}: gradient dtype {_dt.name(g.dtype)} differs from parameter {name!r}'s "
+                            f"{_dt.name(p.dtype)}")
+        if p.dtype not in _dt.FLOATS:
+            raise TypeError(f"{who}: parameter {name!r} has dtype {_dt.name(p.dtype)}; only float tensors are trained")
+        graph.set_phase("update")
+        self._counter(p.device)  # step() is then a device operation, replayed with the step
+        return p, g
+
+    def _state(self, p: Tensor, name: Any) -> dict[str, Tensor]:
+        """The state tensors of parameter `p`, created (zeros, or values given to set_states) at its first update."""
+        st = self._states.get(id(p))
+        if st is not None and st.param is p:
+            return st.tensors
+        label = self._unique_name(p, name)
+        tensors = {}
+        with graph.no_record():  # set-up: runs once, never replayed
+            for s in self.state_names:
+                t = Tensor(p.shape, p.device, p.dtype, requires_grad=False)
+                pending = self._pending.pop(f"{label}/{s}", None)
+                if pending is not None:
+                    if pending.shape != p.shape:
+                        raise ValueError(f"{type(self).__name__}: loaded state {label}/{s} has shape {pending.shape},"
+                                         f" the parameter has shape {p.shape}")
+                    t.copy_from_numpy(pending)
+                tensors[s] = t
+        self._states[id(p)] = _ParamState(p, label, tensors)
+        self._names.add(label)
+        return tensors
+
+    def _unique_name(self, p: Tensor, name: Any) -> str:
+        label = name if isinstance(name, str) and name else (p.name if isinstance(p.name, str) and p.name else None)
+        if label is None:
+            label = f"param{len(self._states)}"
+        base, k = label, 1
+        while label in self._names:
+            label = f"{base}#{k}"
+            k += 1
+        return label
+
+    def _counter(self, dev: Device) -> Tensor:
+        if self.step_counter is None:
+            with graph.no_record():
+                self.step_counter = Tensor((), dev, _dt.int32, requires_grad=False)
+                self._one = ops.full((), 1, _dt.int32, dev)
+                if self._pending_step:
+                    self.step_counter.copy_from_numpy(np.array(self._pending_step, np.int32))
+        elif self.step_counter.device is not dev:
+            raise ValueError(f"{type(self).__name__}: parameters on {self.step_counter.device.name} and {dev.name}; "
+                             "one optimizer updates the parameters of one device")
+        return self.step_counter
+
+    def _cached(self, key: str, p: Tensor, make: Any) -> Any:
+        """A per-step scalar: `make(dev)` returns a float or a float32 0-d tensor; cached per dtype until step()."""
+        k = (key, p.dtype)
+        v = self._scalars.get(k)
+        if v is None:
+            base = self._scalars.get((key, None))
+            if base is None:
+                base = self._scalars[(key, None)] = make(p.device)
+            v = base
+            if isinstance(base, Tensor) and base.dtype != p.dtype:
+                v = ops.cast(base, p.dtype)
+            self._scalars[k] = v
+        return v
+
+    def _step_f(self, dev: Device) -> Tensor:
+        """The number of completed steps as a float 0-d tensor."""
+        v = self._scalars.get(("step", None))
+        if v is None:
+            v = self._scalars[("step", None)] = ops.cast(self._counter(dev), self.dtype)
+        return v
+
+    def _lr(self, p: Tensor) -> Any:
+        """The learning rate now: a float for a constant rate, else a device scalar from the schedule."""
+        if type(self.lr) is Constant:
+            return self.lr.init_value
+        return self._cached("lr", p, lambda dev: self.lr(self._step_f(dev)))
+
+    def _decayed(self, p: Tensor, g: Tensor, weight_decay: float) -> Tensor:
+        return ops.add(g, ops.mul(p, weight_decay)) if weight_decay else g
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lr={self.lr.init_value if type(self.lr) is Constant else self.lr!r})"
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (PyTorch's rules):
+
+        g = grad + weight_decay * p
+        buf = g at the first step, else momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf if nesterov else buf          (when momentum != 0)
+        p = p - lr * g
+    """
+
+    def __init__(self, lr: float | DecayScheduler = 0.1, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, dtype: int = tensor.float32):
+        super().__init__(lr, dtype)
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {momentum} and {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.weight_decay = float(weight_decay)
+        self.nesterov = bool(nesterov)
+        self.state_names = ("momentum",) if self.momentum else ()
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        p, g = self._check(param_name, param_value, param_grad)
+        lr = self._lr(p)
+        g = self._decayed(p, g, self.weight_decay)
+        if self.momentum:
+            buf = self._state(p, param_name)["momentum"]
+            ops.mul(buf, self.momentum, out=buf)
+            if self.dampening:
+                ops.add(buf, ops.mul(g, self._cached("damp", p, self._damp)), out=buf)
+            else:
+                ops.add(buf, g, out=buf)
+            g = ops.add(g, ops.mul(buf, self.momentum)) if self.nesterov else buf
+        ops.sub(p, ops.mul(g, lr), out=p)
+
+    def _damp(self, dev: Device) -> Tensor:
+        # 1 at the first step (the buffer starts as the gradient itself), 1 - dampening afterwards
+        first_done = ops.clip(self._step_f(dev), 0.0, 1.0)
+        return ops.add(ops.mul(first_done, -self.dampening), 1.0)
+
+
+class RMSProp(Optimizer):
+    """RMSProp (PyTorch's, not centred): sq = rho * sq + (1 - rho) * g^2;  p -= lr * g / (sqrt(sq) + epsilon)."""
+
+    state_names = ("square_avg",)
+
+    def __init__(self, lr: float | DecayScheduler = 0.1, rho: float = 0.9, epsilon: float = 1e-08,
+                 weight_decay: float = 0):
+        super().__init__(lr)
+        if not 0.0 <= rho < 1.0:
+            raise ValueError(f"RMSProp: rho must be in [0, 1), got {rho}")
+        self.rho = float(rho)
+        self.epsilon = float(epsilon)
+        self.weight_decay = float(weight_decay)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        p, g = self._check(param_name, param_value, param_grad)
+        lr = self._lr(p)
+        g = self._decayed(p, g, self.weight_decay)
+        sq = self._state(p, param_name)["square_avg"]
+        ops.mul(sq, self.rho, out=sq)
+        ops.add(sq, ops.mul(ops.square(g), 1.0 - self.rho), out=sq)
+        avg = ops.add(ops.sqrt(sq), self.epsilon)
+        ops.sub(p, ops.mul(ops.div(g, avg), lr), out=p)
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad (PyTorch's, no lr decay): acc += g^2;  p -= lr * g / (sqrt(acc) + epsilon)."""
+
+    state_names = ("sum",)
+
+    def __init__(self, lr: float | DecayScheduler = 0.1, epsilon: float = 1e-08, weight_decay: float = 0):
+        super().__init__(lr)
+        self.epsilon = float(epsilon)
+        self.weight_decay = float(weight_decay)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        p, g = self._check(param_name, param_value, param_grad)
+        lr = self._lr(p)
+        g = self._decayed(p, g, self.weight_decay)
+        acc = self._state(p, param_name)["sum"]
+        ops.add(acc, ops.square(g), out=acc)
+        std = ops.add(ops.sqrt(acc), self.epsilon)
+        ops.sub(p, ops.mul(ops.div(g, std), lr), out=p)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction (PyTorch's; weight decay is an L2 term, not AdamW's decoupled decay):
+
+        m = beta_1 * m + (1 - beta_1) * g;   v = beta_2 * v + (1 - beta_2) * g^2;   t = steps done + 1
+        p -= lr / (1 - beta_1^t) * m / (sqrt(v) / sqrt(1 - beta_2^t) + epsilon)
+    """
+
+    state_names = ("m", "v")
+
+    def __init__(self, lr: float | DecayScheduler = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-08, weight_decay: float = 0):
+        super().__init__(lr)
+        for what, b in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"Adam: {what} must be in [0, 1), got {b}")
+        self.beta_1 = float(beta_1)
+        self.beta_2 = float(beta_2)
+        self.epsilon = float(epsilon)
+        self.weight_decay = float(weight_decay)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        p, g = self._check(param_name, param_value, param_grad)
+        g = self._decayed(p, g, self.weight_decay)
+        st = self._state(p, param_name)
+        m, v = st["m"], st["v"]
+        ops.mul(m, self.beta_1, out=m)
+        ops.add(m, ops.mul(g, 1.0 - self.beta_1), out=m)
+        ops.mul(v, self.beta_2, out=v)
+        ops.add(v, ops.mul(ops.square(g), 1.0 - self.beta_2), out=v)
+        denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", p, self._bc2_sqrt)), self.epsilon)
+        ops.sub(p, ops.mul(ops.div(m, denom), self._cached("step_size", p, self._step_size)), out=p)
+
+    def _t(self, dev: Device) -> Tensor:
+        t = self._scalars.get(("t", None))
+        if t is None:
+            t = self._scalars[("t", None)] = ops.add(self._step_f(dev), 1.0)
+        return t
+
+    def _bc2_sqrt(self, dev: Device) -> Tensor:
+        return ops.sqrt(ops.unary("rsub_scalar", ops.unary("rpow_scalar", self._t(dev), alpha=self.beta_2), alpha=1.0))
+
+    def _step_size(self, dev: Device) -> Tensor:
+        bc1 = ops.unary("rsub_scalar", ops.unary("rpow_scalar", self._t(dev), alpha=self.beta_1), alpha=1.0)
+        lr = self.lr.init_value if type(self.lr) is Constant else self.lr(self._step_f(dev))
+        return ops.div(lr, bc1)

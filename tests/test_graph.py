@@ -1,0 +1,346 @@
+"""singa.graph: recording kernel calls, replaying them, scheduling and memory planning; singa.profiling.
+
+Steps here are written with singa.ops directly (forward, hand-written backward, optimizer), so what is replayed is
+known exactly; test_model.py covers whole models.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from singa import device, graph, ops, opt, profiling, tensor
+from singa.backend import MemoryPool
+
+pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return device.get_default_device()
+
+
+class TinyMLP:
+    """x (N, 6) -> matmul -> relu -> matmul -> softmax cross-entropy, backward by hand, SGD with momentum."""
+
+    def __init__(self, dev, seed=0, dropout=0.0):
+        rng = np.random.default_rng(seed)
+        self.dev = dev
+        self.w0 = tensor.from_numpy(rng.standard_normal((6, 16)).astype(np.float32) * 0.3, dev)
+        self.w1 = tensor.from_numpy(rng.standard_normal((16, 4)).astype(np.float32) * 0.3, dev)
+        self.opt = opt.SGD(0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)
+        self.dropout = dropout
+
+    def step(self, x, y):
+        h = ops.matmul(x, self.w0)
+        a = ops.relu(h)
+        if self.dropout:
+            mask = ops.mul(ops.random_bernoulli(ops.empty(a.shape, a.dtype, self.dev), 1 - self.dropout),
+                           1 / (1 - self.dropout))
+            a = ops.mul(a, mask)
+        logits = ops.matmul(a, self.w1)
+        loss = ops.mean(ops.softmax_cross_entropy(logits, y))
+        dl = ops.full((x.shape[0],), 1.0 / x.shape[0], tensor.float32, self.dev)
+        dlogits = ops.softmax_cross_entropy_backward(dl, logits, y)
+        dw1 = ops.matmul(a.T(), dlogits)
+        da = ops.matmul(dlogits, self.w1.T())
+        if self.dropout:
+            da = ops.mul(da, mask)
+        dw0 = ops.matmul(x.T(), ops.relu_grad(da, h))
+        self.opt.update(self.w1, dw1)
+        self.opt.update(self.w0, dw0)
+        self.opt.step()
+        return loss
+
+
+def _batches(n=5, seed=1):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 4, 8).astype(np.int32))
+            for _ in range(n)]
+
+
+def _train(dev, mode, dropout=0.0):
+    """mode: 'eager', 'seq' or 'dep'. Returns per-step losses and the final weights."""
+    dev.set_rand_seed(42)
+    m = TinyMLP(dev, dropout=dropout)
+    tx = tensor.Tensor((8, 6), dev)
+    ty = tensor.Tensor((8,), dev, tensor.int32)
+    losses, g, out = [], None, None
+    for x, y in _batches():
+        tx.copy_from_numpy(x)
+        ty.copy_from_numpy(y)
+        if mode == "eager":
+            out = m.step(tx, ty)
+        elif g is None:
+            with graph.Recorder(dev) as rec:
+                out = m.step(tx, ty)
+            g = rec.finish(sequential=(mode == "seq"))
+            del rec
+        else:
+            g.run()
+        losses.append(float(out.to_numpy()))
+    return np.array(losses), m.w0.to_numpy(), m.w1.to_numpy(), g
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_replay_equals_eager(dev, dropout):
+    le, w0e, w1e, _ = _train(dev, "eager", dropout)
+    for mode in ("seq", "dep"):
+        lg, w0g, w1g, g = _train(dev, mode, dropout)
+        np.testing.assert_allclose(lg, le, rtol=1e-6)
+        np.testing.assert_allclose(w0g, w0e, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(w1g, w1e, rtol=1e-6, atol=1e-7)
+        assert len(g) > 10
+        assert sorted(g.order) == list(range(len(g.calls)))
+    assert len(set(np.round(le, 6))) == len(le)  # the loss does change: the replay really trains
+
+
+def test_random_kernels_draw_fresh_numbers(dev):
+    dev.set_rand_seed(7)
+    x = tensor.Tensor((64,), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.mul(ops.random_uniform(x, 0.0, 1.0), 2.0)
+    g = rec.finish()
+    del rec
+    first = y.to_numpy().copy()
+    off = dev.rng_offset
+    g.run()
+    second = y.to_numpy().copy()
+    assert dev.rng_offset == off + 64
+    assert not np.allclose(first, second)
+    # the replay drew exactly what an eager call at that offset draws
+    dev.set_rand_seed(7)
+    ops.random_uniform(tensor.Tensor((64,), dev), 0.0, 1.0)
+    np.testing.assert_allclose(ops.random_uniform(tensor.Tensor((64,), dev), 0.0, 1.0).to_numpy() * 2, second)
+
+
+def test_host_read_is_detected(dev):
+    x = tensor.from_numpy(np.ones(4, np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.add(x, 1.0)
+        value = y.to_numpy()  # the step's result still comes out right: it ran eagerly
+    assert np.allclose(value, 2.0)
+    with pytest.raises(graph.GraphUnsupported, match=r"read on the host.*test_graph\.py"):
+        rec.finish()
+
+
+def test_host_write_into_existing_tensor_is_detected(dev):
+    x = tensor.from_numpy(np.ones(4, np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        x.copy_from_numpy(np.zeros(4, np.float32))
+        ops.add(x, 1.0)
+    with pytest.raises(graph.GraphUnsupported, match="existed before the step"):
+        rec.finish()
+
+
+def test_constants_written_in_the_step_are_replayed(dev):
+    x = tensor.from_numpy(np.arange(4, dtype=np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        c = tensor.from_numpy(np.array([10, 20, 30, 40], np.float32), dev)  # a host write into a new buffer
+        y = ops.add(x, ops.mul(c, 2.0))
+    g = rec.finish()
+    del rec, c
+    x.copy_from_numpy(np.array([1, 1, 1, 1], np.float32))
+    g.run()
+    np.testing.assert_allclose(y.to_numpy(), [21, 41, 61, 81])
+
+
+def test_no_record_runs_once(dev):
+    acc = tensor.from_numpy(np.zeros(3, np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        with graph.no_record():
+            ops.fill(acc, 5.0)  # set-up: not replayed
+        ops.add(acc, 1.0, out=acc)
+    g = rec.finish()
+    for _ in range(3):
+        g.run()
+    np.testing.assert_allclose(acc.to_numpy(), 9.0)
+
+
+def test_conv_without_bias(dev):
+    rng = np.random.default_rng(3)
+    x = tensor.from_numpy(rng.standard_normal((2, 3, 6, 6)).astype(np.float32), dev)
+    w = tensor.from_numpy(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.relu(ops.conv2d(x, w, None, stride=1, padding=1))
+    g = rec.finish()
+    del rec
+    want = y.to_numpy().copy()
+    x.copy_from_numpy(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    g.run()
+    assert not np.allclose(y.to_numpy(), want)
+    np.testing.assert_allclose(y.to_numpy(), ops.relu(ops.conv2d(x, w, None, padding=1)).to_numpy(), rtol=1e-6)
+
+
+def test_recorder_restores_the_device(dev):
+    table = dev.table
+    before = dict(table)
+    with graph.Recorder(dev):
+        assert table["add"] is not before["add"]
+        assert dev.graph_enabled()
+        dev.EnableGraph(False)  # layer.py pauses the recording while a layer creates its parameters
+        assert not dev.graph_enabled()
+        dev.EnableGraph(True)
+    assert table == before
+    assert dev.table is table
+    for name in ("alloc", "read", "write", "write_strided", "copy_view", "graph_enabled", "EnableGraph"):
+        assert name not in vars(dev)
+    with pytest.raises(ZeroDivisionError), graph.Recorder(dev):
+        raise ZeroDivisionError
+    assert table == before
+    assert "alloc" not in vars(dev)
+
+
+def test_nested_recording_is_refused(dev):
+    with graph.Recorder(dev), pytest.raises(RuntimeError, match="already being recorded"), graph.Recorder(dev):
+        pass
+
+
+def test_replay_allocates_nothing(dev):
+    _, _, _, g = _train(dev, "seq")
+    n = dev.pool.num_requests
+    in_use = dev.pool.bytes_in_use
+    g.run()
+    assert dev.pool.num_requests == n
+    assert dev.pool.bytes_in_use == in_use
+
+
+# -- scheduling ----------------------------------------------------------------------------------------------------
+
+
+def _random_calls(n: int, nbuf: int, seed: int):
+    rng = random.Random(seed)
+    calls = []
+    for _ in range(n):
+        reads = frozenset(rng.sample(range(nbuf), rng.randint(0, 3)))
+        writes = frozenset(rng.sample(range(nbuf), rng.randint(1, 2)))
+        calls.append(graph._Call("kernel", "k", None, [], {}, reads, writes, "forward"))
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_schedule_respects_every_dependency(seed):
+    calls = _random_calls(60, 12, seed)
+    order = graph._schedule(calls, {k: 100 * (k + 1) for k in range(12)})
+    pos = {c: i for i, c in enumerate(order)}
+    assert sorted(order) == list(range(len(calls)))
+    for i, a in enumerate(calls):
+        for j in range(i + 1, len(calls)):
+            b = calls[j]
+            if (a.writes & (b.reads | b.writes)) or (a.reads & b.writes):
+                assert pos[i] < pos[j], (i, j)
+
+
+def test_schedule_frees_memory_early():
+    # program order: two big producers first, then their consumers; the scheduler interleaves them
+    big, small = 1000, 10
+    K = graph._Call
+    calls = [K("kernel", "p", None, [], {}, frozenset(), frozenset([0]), "f"),
+             K("kernel", "p", None, [], {}, frozenset(), frozenset([1]), "f"),
+             K("kernel", "c", None, [], {}, frozenset([0]), frozenset([2]), "f"),
+             K("kernel", "c", None, [], {}, frozenset([1]), frozenset([3]), "f")]
+    sizes = {0: big, 1: big, 2: small, 3: small}
+    order = graph._schedule(calls, sizes)
+    assert order == [0, 2, 1, 3]
+    assert graph._live_peak(calls, order, sizes) < graph._live_peak(calls, [0, 1, 2, 3], sizes)
+
+
+# -- memory planning -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_never_overlaps_live_blocks(seed):
+    rng = random.Random(seed)
+    n = 80
+    sizes = [rng.choice([8, 100, 4096, 70_000, 2_000_000]) for _ in range(n)]
+    lives = []
+    for _ in range(n):
+        s = rng.randrange(50)
+        lives.append((s, s + rng.randrange(10)))
+    offsets, total = graph.plan_offsets(sizes, lives)
+    for i in range(n):
+        assert offsets[i] % graph._ALIGN == 0
+        assert offsets[i] + sizes[i] <= total
+        for j in range(i + 1, n):
+            if lives[i][0] <= lives[j][1] and lives[j][0] <= lives[i][1]:
+                assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i]
+    peak = max(sum(graph._align(s) for s, (a, b) in zip(sizes, lives) if a <= t <= b) for t in range(60))
+    assert peak <= total < sum(graph._align(s) for s in sizes)
+    blocks = graph.split_arena(offsets, sizes, total)
+    assert blocks[0][0] == 0
+    assert blocks[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    for off, size in zip(offsets, sizes):  # no block boundary inside a temporary
+        assert any(s <= off and off + graph._align(size) <= e for s, e in blocks)
+    assert sum(MemoryPool.size_class(e - s) for s, e in blocks) <= MemoryPool.size_class(total)
+
+
+def test_pool_bytes_matches_memory_pool():
+    n = np.array([1, 511, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000, 1 << 23], np.int64)
+    assert graph._pool_bytes(n).tolist() == [MemoryPool.size_class(int(v)) for v in n]
+
+
+def test_planned_arena_is_smaller_than_the_temporaries(dev):
+    _, _, _, g = _train(dev, "dep")
+    s = g.summary()
+    assert s["temporaries"] > 5
+    assert s["arena_bytes"] < s["temporary_bytes"]
+
+
+# -- time profiling --------------------------------------------------------------------------------------------------
+
+
+def test_time_profiling_and_chrome_trace(dev, tmp_path, capsys):
+    prof = profiling.profiler(dev)
+    prof.reset()
+    old = dev.verbosity
+    dev.SetVerbosity(2)
+    dev.SetSkipIteration(2)
+    try:
+        _, _, _, g = _train(dev, "seq")  # 4 replays: 2 skipped, 2 timed
+    finally:
+        dev.SetVerbosity(old)
+    assert prof.iterations == 4
+    assert prof.profiled == 2
+    kernels = prof.by_kernel()
+    assert kernels["matmul"]["count"] == 2 * sum(1 for c in g.calls if c.name == "matmul")
+    assert all(r["total_ms"] > 0 for r in kernels.values())
+    assert set(prof.by_phase()) >= {"update"}
+    dev.PrintTimeProfiling()
+    text = capsys.readouterr().out
+    assert "2 graph iteration(s) timed" in text
+    assert "matmul" in text
+    assert "mean us" in text
+
+    path = tmp_path / "trace.json"
+    profiling.export_chrome_trace(dev, path)
+    trace = json.loads(path.read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] != "M"]
+    assert len(events) == 2 + 2 * len(g)  # an event per iteration and one per timed call
+    for e in events:
+        assert e["ph"] == "X"
+        assert isinstance(e["name"], str)
+        assert isinstance(e["ts"], (int, float))
+        assert isinstance(e["dur"], (int, float))
+        assert e["dur"] >= 0
+        assert isinstance(e["pid"], int)
+        assert isinstance(e["tid"], int)
+    kernel_events = [e for e in events if e["tid"] == 1]
+    assert {e["name"] for e in kernel_events} == {c.name for c in g.calls}
+    its = [e for e in events if e["tid"] == 0]
+    for a, b in zip(its, its[1:]):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-3  # µs, in order
+    prof.reset()
+
+
+def test_profiling_off_by_default(dev):
+    prof = profiling.profiler(dev)
+    prof.reset()
+    assert dev.verbosity == 0
+    _train(dev, "seq")
+    assert prof.profiled == 0
+    assert not prof.events
+    assert "no graph iteration profiled" in prof.report()

@@ -1,0 +1,409 @@
+"""singa.opt against hand-computed numpy updates (float64) and against torch.optim on the same gradients.
+
+Runs on the default device (SINGA_DEVICE picks it). Gradients are made by hand, so these tests need no autograd,
+except the last ones, which check `opt(loss)` end to end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from singa import autograd, device, graph, ops, opt, tensor
+from singa.tensor import Tensor
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
+
+STEPS = 6
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return device.get_default_device()
+
+
+def _data(seed: int = 0, shapes=((3, 4), (5,))):
+    rng = np.random.default_rng(seed)
+    params = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(STEPS)]
+    return params, grads
+
+
+def _run_singa(o: opt.Optimizer, params, grads, dev) -> list[np.ndarray]:
+    ps = [tensor.from_numpy(p.copy(), dev) for p in params]
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            o.update(p, tensor.from_numpy(g, dev))
+        o.step()
+    return [p.to_numpy() for p in ps]
+
+
+def _run_torch(make, params, grads) -> list[np.ndarray]:
+    ps = [torch.tensor(p.copy(), requires_grad=True) for p in params]
+    o = make(ps)
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g)
+        o.step()
+    return [p.detach().numpy() for p in ps]
+
+
+# -- numpy references (float64) -------------------------------------------------------------------------------------
+
+
+def _sgd_ref(params, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, lrs=None):
+    ps = [p.astype(np.float64) for p in params]
+    bufs = [None] * len(ps)
+    for t, gs in enumerate(grads):
+        rate = lr if lrs is None else lrs[t]
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64) + weight_decay * ps[i]
+            if momentum:
+                bufs[i] = g.copy() if bufs[i] is None else momentum * bufs[i] + (1 - dampening) * g
+                g = g + momentum * bufs[i] if nesterov else bufs[i]
+            ps[i] = ps[i] - rate * g
+    return ps
+
+
+def _adam_ref(params, grads, lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0):
+    ps = [p.astype(np.float64) for p in params]
+    m = [np.zeros_like(p) for p in ps]
+    v = [np.zeros_like(p) for p in ps]
+    for t, gs in enumerate(grads, start=1):
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64) + weight_decay * ps[i]
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            mhat, vhat = m[i] / (1 - b1 ** t), v[i] / (1 - b2 ** t)
+            ps[i] = ps[i] - lr * mhat / (np.sqrt(vhat) + eps)
+    return ps
+
+
+def _rmsprop_ref(params, grads, lr, rho=0.9, eps=1e-8, weight_decay=0.0):
+    ps = [p.astype(np.float64) for p in params]
+    sq = [np.zeros_like(p) for p in ps]
+    for gs in grads:
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64) + weight_decay * ps[i]
+            sq[i] = rho * sq[i] + (1 - rho) * g * g
+            ps[i] = ps[i] - lr * g / (np.sqrt(sq[i]) + eps)
+    return ps
+
+
+def _adagrad_ref(params, grads, lr, eps=1e-8, weight_decay=0.0):
+    ps = [p.astype(np.float64) for p in params]
+    acc = [np.zeros_like(p) for p in ps]
+    for gs in grads:
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64) + weight_decay * ps[i]
+            acc[i] = acc[i] + g * g
+            ps[i] = ps[i] - lr * g / (np.sqrt(acc[i]) + eps)
+    return ps
+
+
+def _close(got, want, rtol=RTOL, atol=ATOL):
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+SGD_CASES = [
+    {},
+    {"momentum": 0.9},
+    {"momentum": 0.9, "nesterov": True},
+    {"momentum": 0.9, "weight_decay": 0.01},
+    {"momentum": 0.8, "dampening": 0.3},
+    {"momentum": 0.7, "dampening": 0.5, "weight_decay": 0.05},
+    {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    {"weight_decay": 0.1},
+]
+
+
+@pytest.mark.parametrize("kw", SGD_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_sgd_matches_numpy(dev, kw):
+    params, grads = _data(1)
+    got = _run_singa(opt.SGD(lr=0.05, **kw), params, grads, dev)
+    _close(got, _sgd_ref(params, grads, 0.05, **kw))
+
+
+@pytest.mark.parametrize("kw", SGD_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_sgd_matches_torch(dev, kw):
+    params, grads = _data(2)
+    got = _run_singa(opt.SGD(lr=0.1, **kw), params, grads, dev)
+    _close(got, _run_torch(lambda ps: torch.optim.SGD(ps, lr=0.1, **kw), params, grads))
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_adam_matches_numpy_and_torch(dev, wd):
+    params, grads = _data(3)
+    got = _run_singa(opt.Adam(lr=0.01, weight_decay=wd), params, grads, dev)
+    _close(got, _adam_ref(params, grads, 0.01, weight_decay=wd))
+    _close(got, _run_torch(lambda ps: torch.optim.Adam(ps, lr=0.01, eps=1e-8, weight_decay=wd), params, grads))
+
+
+def test_adam_other_betas(dev):
+    params, grads = _data(4)
+    got = _run_singa(opt.Adam(lr=0.02, beta_1=0.5, beta_2=0.9, epsilon=1e-6), params, grads, dev)
+    _close(got, _adam_ref(params, grads, 0.02, b1=0.5, b2=0.9, eps=1e-6))
+
+
+def test_rmsprop_matches_numpy_and_torch(dev):
+    params, grads = _data(5)
+    got = _run_singa(opt.RMSProp(lr=0.01, rho=0.8, epsilon=1e-7, weight_decay=0.01), params, grads, dev)
+    _close(got, _rmsprop_ref(params, grads, 0.01, rho=0.8, eps=1e-7, weight_decay=0.01))
+    _close(got, _run_torch(lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.8, eps=1e-7, weight_decay=0.01),
+                           params, grads))
+
+
+def test_adagrad_matches_numpy_and_torch(dev):
+    params, grads = _data(6)
+    got = _run_singa(opt.AdaGrad(lr=0.1, epsilon=1e-8), params, grads, dev)
+    _close(got, _adagrad_ref(params, grads, 0.1))
+    _close(got, _run_torch(lambda ps: torch.optim.Adagrad(ps, lr=0.1, eps=1e-8), params, grads))
+
+
+def test_defaults_follow_singa():
+    sgd = opt.SGD()
+    assert (sgd.lr.init_value, sgd.momentum, sgd.dampening, sgd.weight_decay, sgd.nesterov) == (0.1, 0, 0, 0, False)
+    adam = opt.Adam()
+    assert (adam.lr.init_value, adam.beta_1, adam.beta_2, adam.epsilon, adam.weight_decay) == (0.1, 0.9, 0.999,
+                                                                                               1e-8, 0)
+    rms = opt.RMSProp()
+    assert (rms.lr.init_value, rms.rho, rms.epsilon, rms.weight_decay) == (0.1, 0.9, 1e-8, 0)
+    ada = opt.AdaGrad()
+    assert (ada.lr.init_value, ada.epsilon, ada.weight_decay) == (0.1, 1e-8, 0)
+
+
+# -- in place, state ownership --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: opt.SGD(0.1, momentum=0.9), lambda: opt.Adam(0.01), lambda: opt.RMSProp(),
+                                  lambda: opt.AdaGrad()])
+def test_updates_are_in_place(dev, make):
+    o = make()
+    p = tensor.from_numpy(np.ones((4, 3), np.float32), dev)
+    buf, handle, before = p.buffer, p.buffer.handle, p.to_numpy()
+    for _ in range(3):
+        o.update(p, tensor.from_numpy(np.full((4, 3), 0.5, np.float32), dev))
+        o.step()
+    assert p.buffer is buf
+    assert p.buffer.handle is handle
+    assert not np.allclose(p.to_numpy(), before)
+
+
+def test_same_name_does_not_share_state(dev):
+    """Apache SINGA keys momentum by name, so two parameters called 'W' shared one buffer."""
+    params, grads = _data(7, shapes=((3,), (3,)))
+    o = opt.SGD(0.1, momentum=0.9)
+    ps = [tensor.from_numpy(p.copy(), dev) for p in params]
+    for p in ps:
+        p.name = "W"
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            o.apply("W", p, tensor.from_numpy(g, dev))
+        o.step()
+    _close([p.to_numpy() for p in ps], _sgd_ref(params, grads, 0.1, momentum=0.9))
+    keys = sorted(k for k in o.get_states() if k != "step_counter")
+    assert keys == ["W#1/momentum", "W/momentum"]
+
+
+def test_state_follows_the_object_not_a_reused_id(dev):
+    o = opt.SGD(0.1, momentum=0.9)
+    p = tensor.from_numpy(np.ones(3, np.float32), dev)
+    o.update(p, tensor.from_numpy(np.ones(3, np.float32), dev))
+    st = o._states[id(p)]
+    assert st.param is p  # the optimizer keeps the parameter alive, so its id is never reused by another tensor
+
+
+def test_float16_parameters(dev):
+    params, grads = _data(8)
+    p16 = [p.astype(np.float16) for p in params]
+    g16 = [[g.astype(np.float16) for g in gs] for gs in grads]
+    got = _run_singa(opt.SGD(0.05, momentum=0.9), p16, g16, dev)
+    want = _sgd_ref(p16, g16, 0.05, momentum=0.9)
+    for a, b in zip(got, want):
+        assert a.dtype == np.float16
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=2e-2, atol=2e-2)
+    got = _run_singa(opt.Adam(0.01), p16, g16, dev)
+    for a, b in zip(got, _adam_ref(p16, g16, 0.01)):
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("make", "err"), [
+    (lambda: opt.SGD(0.1, nesterov=True), ValueError),
+    (lambda: opt.SGD(0.1, momentum=0.9, dampening=0.1, nesterov=True), ValueError),
+    (lambda: opt.SGD(-1.0), ValueError),
+    (lambda: opt.Adam(beta_1=1.0), ValueError),
+    (lambda: opt.RMSProp(rho=1.5), ValueError),
+    (lambda: opt.ExponentialDecay(0.1, 0, 0.5), ValueError),
+])
+def test_bad_settings(make, err):
+    with pytest.raises(err):
+        make()
+
+
+def test_bad_gradients(dev):
+    o = opt.SGD(0.1)
+    p = tensor.from_numpy(np.ones((2, 3), np.float32), dev)
+    with pytest.raises(ValueError, match=r"shape \(3, 2\).*\(2, 3\)"):
+        o.update(p, tensor.from_numpy(np.ones((3, 2), np.float32), dev))
+    with pytest.raises(TypeError, match="dtype"):
+        o.update(p, tensor.from_numpy(np.ones((2, 3), np.float16), dev))
+    with pytest.raises(TypeError, match="Tensor"):
+        o.update(p, np.ones((2, 3), np.float32))
+
+
+# -- schedules ------------------------------------------------------------------------------------------------------
+
+
+def test_schedules_on_numbers():
+    assert opt.Constant(0.3)(17) == 0.3
+    d = opt.ExponentialDecay(0.1, decay_steps=4, decay_rate=0.5)
+    assert d(0) == pytest.approx(0.1)
+    assert d(2) == pytest.approx(0.1 * 0.5 ** 0.5)
+    assert d(8) == pytest.approx(0.025)
+    s = opt.ExponentialDecay(0.1, decay_steps=4, decay_rate=0.5, staircase=True)
+    assert [s(i) for i in (0, 3, 4, 7, 8)] == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025])
+
+
+def test_schedules_on_tensors(dev):
+    step = tensor.from_numpy(np.array(6.0, np.float32), dev)
+    d = opt.ExponentialDecay(0.2, decay_steps=4, decay_rate=0.5, staircase=False)
+    assert float(d(step).to_numpy()) == pytest.approx(0.2 * 0.5 ** 1.5, rel=1e-6)
+    s = opt.ExponentialDecay(0.2, decay_steps=4, decay_rate=0.5, staircase=True)
+    assert float(s(step).to_numpy()) == pytest.approx(0.1, rel=1e-6)
+    assert float(opt.Constant(0.7)(step).to_numpy()) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("staircase", [False, True])
+def test_sgd_follows_the_schedule(dev, staircase):
+    params, grads = _data(9)
+    sched = opt.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.7, staircase=staircase)
+    got = _run_singa(opt.SGD(sched, momentum=0.5), params, grads, dev)
+    lrs = [sched(t) for t in range(STEPS)]
+    _close(got, _sgd_ref(params, grads, None, momentum=0.5, lrs=lrs))
+
+
+def test_adam_with_schedule_matches_torch_exponential_lr(dev):
+    params, grads = _data(10)
+    got = _run_singa(opt.Adam(opt.ExponentialDecay(0.05, 1, 0.9)), params, grads, dev)
+
+    ps = [torch.tensor(p.copy(), requires_grad=True) for p in params]
+    o = torch.optim.Adam(ps, lr=0.05)
+    sched = torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9)
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g)
+        o.step()
+        sched.step()
+    _close(got, [p.detach().numpy() for p in ps])
+
+
+# -- states ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: opt.SGD(0.1, momentum=0.9, dampening=0.2),
+                                  lambda: opt.Adam(opt.ExponentialDecay(0.01, 2, 0.8)), lambda: opt.RMSProp(0.01),
+                                  lambda: opt.AdaGrad(0.1)])
+def test_states_round_trip_resumes_exactly(dev, make):
+    params, grads = _data(11)
+    straight = _run_singa(make(), params, grads, dev)
+
+    o1 = make()
+    half = _run_singa(o1, params, grads[:3], dev)
+    states = {k: np.asarray(v) for k, v in o1.get_states().items()}  # numpy-convertible
+    assert int(states["step_counter"]) == 3
+    o2 = make()
+    o2.set_states(states)  # before o2 has seen any parameter: applied at their first update
+    resumed = _run_singa(o2, half, grads[3:], dev)
+    _close(resumed, straight, rtol=1e-6, atol=1e-7)
+
+
+def test_set_states_in_place_and_errors(dev):
+    o = opt.SGD(0.1, momentum=0.9)
+    p = tensor.from_numpy(np.ones(3, np.float32), dev)
+    p.name = "w"
+    o.update(p, tensor.from_numpy(np.ones(3, np.float32), dev))
+    o.step()
+    mom = o._states[id(p)].tensors["momentum"]
+    buf = mom.buffer
+    o.set_states({"w/momentum": np.full(3, 7.0, np.float32), "step_counter": np.array(5)})
+    assert mom.buffer is buf
+    assert np.allclose(mom.to_numpy(), 7.0)
+    assert int(o.get_states()["step_counter"].to_numpy()) == 5
+    with pytest.raises(KeyError, match="velocity"):
+        o.set_states({"w/velocity": np.zeros(3)})
+    with pytest.raises(ValueError, match="shape"):
+        o.set_states({"w/momentum": np.zeros(4)})
+
+
+def test_step_counter_counts_steps(dev):
+    o = opt.SGD(0.1)
+    p = tensor.from_numpy(np.ones(2, np.float32), dev)
+    for _ in range(4):
+        o.update(p, tensor.from_numpy(np.ones(2, np.float32), dev))
+        o.step()
+    assert int(o.step_counter.to_numpy()) == 4
+
+
+def test_state_creation_is_set_up_not_recorded(dev):
+    """Creating momentum inside a recorded step is not part of the step: a replay must not zero it again."""
+    o = opt.SGD(0.1, momentum=0.9)
+    p = tensor.from_numpy(np.zeros(3, np.float32), dev)
+    g = tensor.from_numpy(np.ones(3, np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        o.update(p, g)
+        o.step()
+    gr = rec.finish()
+    for _ in range(3):
+        gr.run()
+    # buf: 1, 1.9, 2.71, 3.439; p = -sum(0.1 * buf)
+    assert np.allclose(p.to_numpy(), -0.1 * (1 + 1.9 + 2.71 + 3.439), rtol=1e-6)
+    assert int(o.step_counter.to_numpy()) == 4
+
+
+# -- opt(loss) with autograd ------------------------------------------------------------------------------------------
+
+
+def test_call_backprops_and_updates(dev):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    t = rng.integers(0, 3, 8).astype(np.int32)
+    prev = autograd.training
+    autograd.training = True
+    try:
+        w = Tensor(data=w0.copy(), device=dev, requires_grad=True, stores_grad=True)
+        w.name = "w"
+        o = opt.SGD(0.5, momentum=0.9)
+        for _ in range(2):
+            loss = autograd.softmax_cross_entropy(autograd.matmul(Tensor(data=x, device=dev), w),
+                                                  Tensor(data=t, device=dev))
+            o(loss)
+    finally:
+        autograd.training = prev
+    tw = torch.tensor(w0.copy(), requires_grad=True)
+    to = torch.optim.SGD([tw], lr=0.5, momentum=0.9)
+    for _ in range(2):
+        to.zero_grad()
+        torch.nn.functional.cross_entropy(torch.tensor(x) @ tw, torch.tensor(t, dtype=torch.long)).backward()
+        to.step()
+    np.testing.assert_allclose(w.to_numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert int(o.step_counter.to_numpy()) == 2
+
+
+def test_backward_and_update_is_call(dev):
+    prev = autograd.training
+    autograd.training = True
+    try:
+        w = Tensor(data=np.ones((2, 2), np.float32), device=dev, requires_grad=True, stores_grad=True)
+        o = opt.SGD(0.1)
+        o.backward_and_update(autograd.mse_loss(autograd.matmul(Tensor(data=np.eye(2, dtype=np.float32),
+                                                                        device=dev), w),
+                                                Tensor(data=np.zeros((2, 2), np.float32), device=dev)))
+    finally:
+        autograd.training = prev
+    assert not np.allclose(w.to_numpy(), 1.0)
+    assert int(ops.to_numpy(o.step_counter)) == 1
