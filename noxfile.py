@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "packages" / "singa-core"
@@ -75,11 +76,16 @@ def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with
     session.install("--no-build-isolation", *(str(p) for p in paths), *extra)
 
 
-def _pytest(session: nox.Session, *args: str) -> None:
+def _pytest(session: nox.Session, *args: str) -> bool:
+    """One pytest run; False when it failed (the caller goes on, so that one log shows every failing group)."""
     # With -k or similar from the command line, a run may legitimately select nothing (pytest exit code 5).
     codes = [0, 5] if session.posargs else [0]
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-ra", *args, *session.posargs,
-                success_codes=codes)
+    try:
+        session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args, *session.posargs,
+                    success_codes=codes)
+    except CommandFailed:
+        return False
+    return True
 
 
 @nox.session
@@ -88,13 +94,17 @@ def tests(session: nox.Session) -> None:
     install_singa(session, PYTEST, with_test_plugins=True)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
+    failed = []
     # One run per folder: each package's tests keep their own rootdir and configuration, as in that package's own
     # checkout, and equal test file names in two folders cannot clash.
     for d in ["tests"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "packages").glob("*/tests")):
-        if any((ROOT / d).rglob("test_*.py")):
-            _pytest(session, d)
+        if any((ROOT / d).rglob("test_*.py")) and not _pytest(session, d):
+            failed.append(d)
     # Without --singa-device the suite is parametrised over every device of every installed backend.
-    _pytest(session, "--pyargs", "singa.testing.conformance")
+    if not _pytest(session, "--pyargs", "singa.testing.conformance"):
+        failed.append("singa.testing.conformance")
+    if failed:
+        session.error("tests failed in: " + ", ".join(failed))
 
 
 @nox.session

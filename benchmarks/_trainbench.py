@@ -132,6 +132,10 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(a64 - b64) / np.maximum(np.abs(b64), 1e-12)))
 
 
+def sci(v: float) -> str:
+    return f"{v:.1e}"
+
+
 def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     """The table of one model: singa eager, singa graph, torch (and torch nudged by `nudge`, loss only)."""
     dev = benchlib.singa_device()
@@ -160,7 +164,7 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         ms = None if r.step_s is None else r.step_s * 1e3
         sd = None if r.step_sd is None else r.step_sd * 1e3
         mib = None if r.peak_bytes is None else r.peak_bytes / 2**20
-        diff = max_rel_diff(r.losses, diff_to.losses) if diff_to is not None else None
+        diff = sci(max_rel_diff(r.losses, diff_to.losses)) if diff_to is not None else None
         return [name, ms, sd, ratio(r.step_s, t_ref), mib, diff]
 
     table.rows += [row("singa eager", eager, ref), row("singa graph", graph, ref)]
@@ -170,7 +174,7 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     if nudged is not None:
         table.rows.append(row(f"torch, weights + {nudge:g}·N(0,1)", Result(nudged.losses), ref))
     table.rows.append(["singa graph vs eager", None, None, ratio(graph.step_s, eager.step_s),
-                       ratio(graph.peak_bytes, eager.peak_bytes), max_rel_diff(graph.losses, eager.losses)])
+                       ratio(graph.peak_bytes, eager.peak_bytes), sci(max_rel_diff(graph.losses, eager.losses))])
     threads = f"torch {torch.get_num_threads()} threads" if torch is not None else "torch not installed"
     table.notes.append(
         f"Batch {spec.batch}, SGD lr {LR} momentum {MOMENTUM}, softmax cross-entropy; singa on `{dev.name}` "

@@ -156,11 +156,24 @@ def machine_facts() -> list[tuple[str, str]]:
     return facts
 
 
+def busy_warning() -> str | None:
+    """A sentence when the machine was busy (1-minute load above half its cores) as the run started, else None."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cores / 2:
+        return None
+    return (f"the 1-minute load average was {load:.1f} on {cores} cores when the run started: other work was "
+            "competing for the CPU, so these numbers understate what an idle machine does.")
+
+
 def main(run: Callable[..., Table]) -> Table:
     """The standalone entry point of a benchmark module: parse --quick, run, print the table."""
     parser = argparse.ArgumentParser(description=run.__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test, not a result)")
     args = parser.parse_args()
+    if busy_warning():
+        print(f"warning: {busy_warning()}\n")
     table = run(quick=args.quick)
     print(f"### {table.title}\n")
     print(table.markdown())

@@ -161,7 +161,7 @@ def test_seed_cnn_operation_and_layer():
     # -- the seed's training loop, as printed (plus loss bookkeeping) --
     epoch_loss = []
     autograd.training = True
-    for epoch in range(epochs):
+    for epoch in range(epochs):  # noqa: B007 - the seed's loop, as printed
         total = 0.0
         for i in range(batch_number):
             inputs = tensor.Tensor(device=dev, data=x_train[

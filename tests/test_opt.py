@@ -12,7 +12,11 @@ import pytest
 from singa import autograd, device, graph, ops, opt, tensor
 from singa.tensor import Tensor
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the numpy references still run
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch.optim is the reference")
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 
@@ -128,6 +132,7 @@ def test_sgd_matches_numpy(dev, kw):
     _close(got, _sgd_ref(params, grads, 0.05, **kw))
 
 
+@needs_torch
 @pytest.mark.parametrize("kw", SGD_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
 def test_sgd_matches_torch(dev, kw):
     params, grads = _data(2)
@@ -135,6 +140,7 @@ def test_sgd_matches_torch(dev, kw):
     _close(got, _run_torch(lambda ps: torch.optim.SGD(ps, lr=0.1, **kw), params, grads))
 
 
+@needs_torch
 @pytest.mark.parametrize("wd", [0.0, 0.01])
 def test_adam_matches_numpy_and_torch(dev, wd):
     params, grads = _data(3)
@@ -149,6 +155,7 @@ def test_adam_other_betas(dev):
     _close(got, _adam_ref(params, grads, 0.02, b1=0.5, b2=0.9, eps=1e-6))
 
 
+@needs_torch
 def test_rmsprop_matches_numpy_and_torch(dev):
     params, grads = _data(5)
     got = _run_singa(opt.RMSProp(lr=0.01, rho=0.8, epsilon=1e-7, weight_decay=0.01), params, grads, dev)
@@ -157,6 +164,7 @@ def test_rmsprop_matches_numpy_and_torch(dev):
                            params, grads))
 
 
+@needs_torch
 def test_adagrad_matches_numpy_and_torch(dev):
     params, grads = _data(6)
     got = _run_singa(opt.AdaGrad(lr=0.1, epsilon=1e-8), params, grads, dev)
@@ -286,6 +294,7 @@ def test_sgd_follows_the_schedule(dev, staircase):
     _close(got, _sgd_ref(params, grads, None, momentum=0.5, lrs=lrs))
 
 
+@needs_torch
 def test_adam_with_schedule_matches_torch_exponential_lr(dev):
     params, grads = _data(10)
     got = _run_singa(opt.Adam(opt.ExponentialDecay(0.05, 1, 0.9)), params, grads, dev)
@@ -367,6 +376,7 @@ def test_state_creation_is_set_up_not_recorded(dev):
 # -- opt(loss) with autograd ------------------------------------------------------------------------------------------
 
 
+@needs_torch
 def test_call_backprops_and_updates(dev):
     rng = np.random.default_rng(12)
     x = rng.standard_normal((8, 4)).astype(np.float32)

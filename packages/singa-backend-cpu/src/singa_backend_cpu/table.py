@@ -170,31 +170,50 @@ def _element_bits(dtype: int, value) -> int:
 
 
 def _functions(pattern: str, dts) -> list:
-    fns = [None] * len(SUFFIX)
+    """C entry points indexed by dtype code (None where the dtype is not supported; room for unknown codes)."""
+    fns = [None] * 8
     for dt in dts:
         fns[dt] = getattr(lib, pattern.format(SUFFIX[dt]))
     return fns
 
 
+def _out_dtypes(entry: expressions.Elementwise) -> list:
+    return [BOOL if entry.out_bool else dt for dt in range(8)]
+
+
+def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
+    """Raise the error that explains why the fast checks refused these views."""
+    first = views[1]
+    shape = views[0].shape
+    if (first.dtype not in supported or any(v.dtype != first.dtype for v in views[2:])
+            or views[0].dtype != out_dtypes[first.dtype]):
+        raise _dtype_error(name, views, supported)
+    if any(v.shape != shape for v in views[1:]):
+        raise _shape_error(name, views, "inputs must arrive broadcast to the output's shape")
+    raise AssertionError("unreachable")
+
+
+# Both factories below keep the hot path to a handful of attribute reads, tuple compares and one C call: this is
+# what a Python loop of small operations pays per call.
+
+
 def _make_binary(entry: expressions.Elementwise) -> Callable:
-    name, supported, out_bool = entry.name, entry.dtypes, entry.out_bool
+    name, supported = entry.name, entry.dtypes
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
+    out_dtypes = _out_dtypes(entry)
     layouts = _layouts
 
     def kernel(out, a, b):
         shape = out.shape
-        lay = layouts.get(shape) or _layout(shape)
         dt = a.dtype
-        fn = contig[dt] if 0 <= dt < 5 else None
-        if fn is None or b.dtype != dt or out.dtype != (BOOL if out_bool else dt):
-            raise _dtype_error(name, (out, a, b), supported)
-        if a.shape != shape or b.shape != shape:
-            raise _shape_error(name, (out, a, b), "inputs must arrive broadcast to the output's shape")
-        cs = lay[0]
+        fn = contig[dt]
+        if fn is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != shape or b.shape != shape:
+            _reject(name, (out, a, b), supported, out_dtypes)
+        cs, n = layouts.get(shape) or _layout(shape)
         if a.strides == cs and b.strides == cs and out.strides == cs:
-            if lay[1]:
-                fn(lay[1], out.buffer.handle, out.offset, a.buffer.handle, a.offset, b.buffer.handle, b.offset)
+            if n:
+                fn(n, out.buffer.handle, out.offset, a.buffer.handle, a.offset, b.buffer.handle, b.offset)
             return
         _run_layout(fn, strided[dt], shape, (out, a, b), ())
 
@@ -203,24 +222,22 @@ def _make_binary(entry: expressions.Elementwise) -> Callable:
 
 
 def _make_unary(entry: expressions.Elementwise) -> Callable:
-    name, supported, out_bool = entry.name, entry.dtypes, entry.out_bool
+    name, supported = entry.name, entry.dtypes
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
+    out_dtypes = _out_dtypes(entry)
     layouts = _layouts
 
     def kernel(out, x, alpha=0.0, beta=0.0):
         shape = out.shape
-        lay = layouts.get(shape) or _layout(shape)
         dt = x.dtype
-        fn = contig[dt] if 0 <= dt < 5 else None
-        if fn is None or out.dtype != (BOOL if out_bool else dt):
-            raise _dtype_error(name, (out, x), supported)
-        if x.shape != shape:
-            raise _shape_error(name, (out, x), "the input must arrive broadcast to the output's shape")
-        cs = lay[0]
+        fn = contig[dt]
+        if fn is None or out.dtype != out_dtypes[dt] or x.shape != shape:
+            _reject(name, (out, x), supported, out_dtypes)
+        cs, n = layouts.get(shape) or _layout(shape)
         if x.strides == cs and out.strides == cs:
-            if lay[1]:
-                fn(lay[1], out.buffer.handle, out.offset, x.buffer.handle, x.offset, alpha, beta)
+            if n:
+                fn(n, out.buffer.handle, out.offset, x.buffer.handle, x.offset, alpha, beta)
             return
         _run_layout(fn, strided[dt], shape, (out, x), (alpha, beta))
 

@@ -49,9 +49,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'singa.autograd' has no attribute {name!r}")
 
 
-# SINGA user code reaches the raw tensor through `t.data`; our Tensor is its own raw tensor.
-if not hasattr(Tensor, "data"):
-    Tensor.data = property(lambda self: self, doc="SINGA's raw tensor handle: the tensor itself.")
 
 
 # -- small helpers (all on the tensors' device) -----------------------------------------------------------------------
@@ -379,7 +376,7 @@ def _fit(dx: Tensor, shape: tuple, op: Operator, i: int) -> Tensor:
     raise ValueError(f"{op.name}: backward returned a gradient of shape {dx.shape} for input {i} of shape {shape}")
 
 
-def backward(y: Tensor, dy: Any = None, retain_graph: bool = False) -> Iterator[tuple]:
+def backward(y: Tensor, dy: Any = None, *, retain_graph: bool = False) -> Iterator[tuple]:
     """Back-propagate from y; yields (tensor, gradient) for every tensor with stores_grad=True that y depends on.
 
     Each pair is yielded once, after all contributions to that gradient are summed, so the caller may update the

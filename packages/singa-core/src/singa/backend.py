@@ -16,7 +16,6 @@ Kernels never see a Tensor's Python API, only objects with the *view* attributes
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -29,18 +28,26 @@ from singa import dtypes
 class Buffer:
     """A block of device memory. Returned to its pool when the last reference goes away."""
 
-    __slots__ = ("handle", "nbytes", "device", "_size_class", "__weakref__")
+    __slots__ = ("handle", "nbytes", "device", "_size_class", "_pool", "__weakref__")
 
     def __init__(self, handle: Any, nbytes: int, device: Device, size_class: int):
         self.handle = handle
         self.nbytes = nbytes
         self.device = device
         self._size_class = size_class
+        self._pool = device.pool
 
     def __del__(self):
-        dev = self.device
-        if dev is not None:
-            dev.pool.release(self.handle, self._size_class)
+        # inlined MemoryPool.release: this runs once per temporary tensor, on the per-op hot path
+        pool = self._pool
+        cls = self._size_class
+        pool.bytes_in_use -= cls
+        pool.bytes_cached += cls
+        free = pool._cache.get(cls)
+        if free is None:
+            pool._cache[cls] = [self.handle]
+        else:
+            free.append(self.handle)
 
     def __repr__(self) -> str:
         return f"Buffer({self.nbytes} bytes on {self.device})"
@@ -88,14 +95,15 @@ class MemoryPool:
     """A caching allocator over a device's raw alloc/free, with the counters every backend reports.
 
     Sizes are rounded up to a size class (multiples of 512 bytes, then powers of two above 1 MiB) and freed blocks are
-    kept per class for reuse; `empty_cache()` gives them back to the device.
+    kept per class for reuse; `empty_cache()` gives them back to the device. The pool relies on the GIL for its
+    bookkeeping (each step is a single list or attribute operation), which keeps allocation cheap enough for the
+    per-operation hot path.
     """
 
     def __init__(self, raw_alloc: Callable[[int], Any], raw_free: Callable[[Any], None]):
         self._raw_alloc = raw_alloc
         self._raw_free = raw_free
         self._cache: dict[int, list] = {}
-        self._lock = threading.Lock()
         self.bytes_in_use = 0
         self.peak_bytes = 0
         self.bytes_cached = 0
@@ -104,45 +112,43 @@ class MemoryPool:
 
     @staticmethod
     def size_class(nbytes: int) -> int:
-        if nbytes <= 0:
-            return 512
         if nbytes <= (1 << 20):
-            return (nbytes + 511) & ~511
+            return ((nbytes + 511) & ~511) or 512
         return 1 << (nbytes - 1).bit_length()
 
     def acquire(self, nbytes: int) -> tuple[Any, int]:
-        cls = self.size_class(nbytes)
-        with self._lock:
-            self.num_requests += 1
-            free = self._cache.get(cls)
-            if free:
-                handle = free.pop()
-                self.bytes_cached -= cls
-            else:
-                handle = None
-            self.bytes_in_use += cls
-            if self.bytes_in_use > self.peak_bytes:
-                self.peak_bytes = self.bytes_in_use
-        if handle is None:
-            try:
-                handle = self._raw_alloc(cls)
-            except MemoryError:
-                self.empty_cache()
-                handle = self._raw_alloc(cls)
-            self.num_allocs += 1
+        cls = ((nbytes + 511) & ~511 or 512) if nbytes <= 1048576 else 1 << (nbytes - 1).bit_length()
+        self.num_requests += 1
+        free = self._cache.get(cls)
+        if free:
+            handle = free.pop()
+            self.bytes_cached -= cls
+        else:
+            handle = self._fresh(cls)
+        used = self.bytes_in_use + cls
+        self.bytes_in_use = used
+        if used > self.peak_bytes:
+            self.peak_bytes = used
         return handle, cls
 
+    def _fresh(self, cls: int) -> Any:
+        try:
+            handle = self._raw_alloc(cls)
+        except MemoryError:  # give cached blocks back to the device and try once more
+            self.empty_cache()
+            handle = self._raw_alloc(cls)
+        self.num_allocs += 1
+        return handle
+
     def release(self, handle: Any, cls: int) -> None:
-        with self._lock:
-            self.bytes_in_use -= cls
-            self._cache.setdefault(cls, []).append(handle)
-            self.bytes_cached += cls
+        self.bytes_in_use -= cls
+        self.bytes_cached += cls
+        self._cache.setdefault(cls, []).append(handle)
 
     def empty_cache(self) -> None:
-        with self._lock:
-            blocks = [h for hs in self._cache.values() for h in hs]
-            self._cache.clear()
-            self.bytes_cached = 0
+        blocks = [h for hs in self._cache.values() for h in hs]
+        self._cache.clear()
+        self.bytes_cached = 0
         for h in blocks:
             self._raw_free(h)
 
@@ -164,6 +170,7 @@ class Device:
 
     Subclass contract (same order in every backend's device.py):
       backend_name   class attribute, the backend's name ("cpu", "opencl", ...)
+      dtypes         class attribute, the dtypes it supports (default dtypes.ALL; float64 is optional)
       kernels        class or instance dict {primitive name: callable}; see singa.primitives for each signature
       _raw_alloc(nbytes) -> handle, _raw_free(handle)
       _copy_from_host(handle, byte_offset, host: numpy array (C-contiguous))   host -> device
@@ -174,6 +181,8 @@ class Device:
 
     backend_name: ClassVar[str] = "?"
     kernels: dict[str, Callable] = {}
+    # dtypes its kernels compute; a device adds dtypes.float64 only if every kernel it has (or the fallback) handles it
+    dtypes: ClassVar[tuple] = dtypes.ALL
 
     def __init__(self, id: int = 0):
         self.id = id
@@ -207,7 +216,20 @@ class Device:
 
     # -- memory ---------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
-        handle, cls = self.pool.acquire(nbytes)
+        pool = self.pool
+        if nbytes <= 1048576:  # small blocks: MemoryPool.acquire inlined, this is the per-op hot path
+            cls = ((nbytes + 511) & ~511) or 512
+            free = pool._cache.get(cls)
+            if free:
+                pool.num_requests += 1
+                handle = free.pop()
+                pool.bytes_cached -= cls
+                used = pool.bytes_in_use + cls
+                pool.bytes_in_use = used
+                if used > pool.peak_bytes:
+                    pool.peak_bytes = used
+                return Buffer(handle, nbytes, self, cls)
+        handle, cls = pool.acquire(nbytes)
         return Buffer(handle, nbytes, self, cls)
 
     def _raw_alloc(self, nbytes: int) -> Any:

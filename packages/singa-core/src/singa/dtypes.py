@@ -9,9 +9,10 @@ float16 = 1
 int32 = 2
 int64 = 3
 bool_ = 4
-float64 = 5  # host-side references only; no backend kernel is required to support it
+float64 = 5  # optional: only devices that list it in Device.dtypes (the host fallback does; used for gradient checks)
 
 ALL = (float32, float16, int32, int64, bool_)
+OPTIONAL = (float64,)
 FLOATS = (float32, float16)
 INTS = (int32, int64)
 NUMERIC = FLOATS + INTS

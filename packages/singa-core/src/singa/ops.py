@@ -34,10 +34,12 @@ from singa.tensor import Tensor
 float32, float16, int32, int64, bool_ = _dt.float32, _dt.float16, _dt.int32, _dt.int64, _dt.bool_
 
 _ITEMSIZE = tuple(_dt.itemsize(d) for d in range(6))  # indexed by dtype code
-_FLOATS = frozenset(_dt.FLOATS)
+# float64 passes the dtype checks wherever float32 does; whether a device computes it is `Device.dtypes`' business,
+# checked when a tensor is created (`empty`, `cast`), so that no float64 tensor reaches a device without its kernels.
+_FLOATS = frozenset(_dt.FLOATS + (_dt.float64,))
 _INTS = frozenset(_dt.INTS)
-_NUMERIC = frozenset(_dt.NUMERIC)
-_ALL = frozenset(_dt.ALL)
+_NUMERIC = frozenset(_dt.NUMERIC + (_dt.float64,))
+_ALL = frozenset(_dt.ALL + (_dt.float64,))
 SCALAR_TYPES = (int, float, np.integer, np.floating, np.bool_)  # Python bool is an int
 _NOPARAMS: dict = {}
 _name = _dt.name
@@ -112,14 +114,27 @@ def _shape_arg(op: str, shape: Any) -> tuple:
     return out
 
 
+def _entry_dtypes(entry) -> frozenset:
+    ok = frozenset(entry.dtypes)
+    return ok | {_dt.float64} if float32 in ok else ok
+
+
+def _device_dtype(op: str, dtype: int, device: Device) -> None:
+    if dtype not in _ALL:
+        raise TypeError(f"{op}: unknown dtype {dtype!r}")
+    if dtype not in device.dtypes:
+        raise TypeError(f"{op}: device {device.name} does not support dtype {_name(dtype)} "
+                        f"(supported: {', '.join(_name(d) for d in device.dtypes)})")
+
+
 def empty(shape: Sequence[int], dtype: int = float32, device: Device | None = None) -> Tensor:
     """An uninitialised contiguous tensor."""
     shape = _shape_arg("empty", shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"empty: negative dimension in shape {shape}")
-    if dtype not in _ALL:
-        raise TypeError(f"empty: unknown dtype {dtype!r}")
-    return _empty(shape, dtype, _default_device() if device is None else device)
+    device = _default_device() if device is None else device
+    _device_dtype("empty", dtype, device)
+    return _empty(shape, dtype, device)
 
 
 def full(shape: Sequence[int], value: Any, dtype: int = float32, device: Device | None = None) -> Tensor:
@@ -353,7 +368,7 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
         if isinstance(s, np.ndarray):
             s = _array_operand(name, s, t)
         elif isinstance(s, SCALAR_TYPES):
-            _supported(name, t.dtype, entry.dtypes)
+            _supported(name, t.dtype, _entry_dtypes(entry))
             v = _scalar(name, s, t.dtype)
             odt = bool_ if entry.out_bool else t.dtype
             if t.dtype in _FLOATS:
@@ -372,7 +387,7 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
         a, b = (t, s) if at else (s, t)
     _same_device(name, a, b)
     _same_dtype(name, a, b)
-    _supported(name, a.dtype, entry.dtypes)
+    _supported(name, a.dtype, _entry_dtypes(entry))
     shape = a.shape if a.shape == b.shape else broadcast_shapes(name, a.shape, b.shape)
     odt = bool_ if entry.out_bool else a.dtype
     return _run(name, name, odt, shape, a.device, (_bview(a, shape), _bview(b, shape)), _NOPARAMS, out)
@@ -380,7 +395,7 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
 
 def _make_binary(name: str):
     entry = _TABLE[name]
-    ok = frozenset(entry.dtypes)
+    ok = _entry_dtypes(entry)
     out_bool = entry.out_bool
     right = _RIGHT_SCALAR.get(name)
     sname, negate = right if right is not None else (None, False)
@@ -438,14 +453,14 @@ def unary(name: str, x: Tensor, alpha: float = 0.0, beta: float = 0.0, out: Tens
     if entry is None or entry.arity != 1:
         raise ValueError(f"unknown unary element-wise operation {name!r}")
     _tensor(name, x)
-    _supported(name, x.dtype, entry.dtypes)
+    _supported(name, x.dtype, _entry_dtypes(entry))
     params = {"alpha": float(alpha), "beta": float(beta)} if entry.params else _NOPARAMS
     return _run(name, name, bool_ if entry.out_bool else x.dtype, x.shape, x.device, (x,), params, out)
 
 
 def _make_unary(name: str):
     entry = _TABLE[name]
-    ok = frozenset(entry.dtypes)
+    ok = _entry_dtypes(entry)
     out_bool = entry.out_bool
 
     def op(x: Tensor, out: Tensor | None = None) -> Tensor:
@@ -584,8 +599,7 @@ def where(cond: Tensor, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
 def cast(x: Tensor, dtype: int, out: Tensor | None = None) -> Tensor:
     """A new tensor of `dtype` (float to int truncates toward zero, to bool is x != 0); same dtype copies."""
     _tensor("cast", x)
-    if dtype not in _ALL:
-        raise TypeError(f"cast: unknown dtype {dtype!r}")
+    _device_dtype("cast", dtype, x.device)
     kname = "copy" if dtype == x.dtype else "cast"
     return _run("cast", kname, dtype, x.shape, x.device, (x,), _NOPARAMS, out)
 

@@ -51,14 +51,14 @@ _FLOAT32_DEFAULT = _DefaultDtype(_dt.float32)
 _STR_DTYPES = {
     "float": _dt.float32, "float32": _dt.float32, "float16": _dt.float16, "half": _dt.float16,
     "int": _dt.int32, "int32": _dt.int32, "int64": _dt.int64, "bool": _dt.bool_,
-    "kFloat32": _dt.float32, "kFloat16": _dt.float16, "kInt": _dt.int32,
+    "float64": _dt.float64, "double": _dt.float64, "kFloat32": _dt.float32, "kFloat16": _dt.float16, "kInt": _dt.int32,
 }
 
 
 def _as_dtype(dtype: Any) -> int:
     """A SINGA dtype code from a code, a name ('float32', SINGA's 'int'/'float') or a numpy dtype."""
     if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, (builtins.bool, np.bool_)):
-        if int(dtype) in _dt.ALL:
+        if int(dtype) in _dt.ALL or int(dtype) in _dt.OPTIONAL:
             return int(dtype)
         raise TypeError(f"unknown SINGA dtype code {dtype!r}; use one of tensor.float32, float16, int32, int64, bool")
     if isinstance(dtype, str) and dtype in _STR_DTYPES:
@@ -69,8 +69,6 @@ def _as_dtype(dtype: Any) -> int:
         raise
     except Exception:  # noqa: BLE001 - anything numpy cannot read as a dtype
         raise TypeError(f"{dtype!r} is not a dtype") from None
-    if code not in _dt.ALL:
-        raise TypeError(f"dtype {_dt.name(code)} is not supported by SINGA tensors; use float32")
     return code
 
 
@@ -162,6 +160,11 @@ class Tensor:
             dev.table["fill"](self, value=0)
 
     # -- properties in SINGA's (method) spelling ---------------------------------------------------------------------
+    @property
+    def data(self) -> Tensor:
+        """SINGA's raw tensor handle (a CTensor there); here a Tensor is its own raw tensor."""
+        return self
+
     def is_dummy(self) -> builtins.bool:
         """True for a tensor that no operator produced (no creator, or autograd's Dummy placeholder)."""
         c = self.creator

@@ -32,6 +32,7 @@ __all__ = [
     "stepped",
     "tolerance",
     "transposed",
+    "unit_axis_strides",
     "upload",
 ]
 
@@ -129,6 +130,14 @@ def broadcast(device, array, shape, dtype: int | None = None) -> View:
     return View(base.buffer, base.dtype, shape, strides, base.offset)
 
 
+def unit_axis_strides(device, array, dtype: int | None = None, stride: int = 7777) -> View:
+    """`array` uploaded contiguously, but with a meaningless stride on its size-1 axes: still contiguous by
+    `singa.backend.is_contiguous` (numpy makes such views), so a kernel must never step along those axes."""
+    base = upload(device, array, dtype)
+    strides = tuple(stride if d == 1 else s for d, s in zip(base.shape, base.strides))
+    return View(base.buffer, base.dtype, base.shape, strides, base.offset)
+
+
 def layout(device, array, kind: str, dtype: int | None = None) -> View:
     """`array` on `device` in one of LAYOUTS."""
     if kind == "contiguous":
@@ -139,22 +148,27 @@ def layout(device, array, kind: str, dtype: int | None = None) -> View:
         return transposed(device, array, dtype=dtype)
     if kind == "stepped":
         return stepped(device, array, dtype=dtype)
+    if kind == "unit-axis-strides":
+        return unit_axis_strides(device, array, dtype=dtype)
     raise ValueError(f"unknown layout {kind!r}")
 
 
 class OutputView(View):
-    """A freshly allocated output whose elements start as garbage, followed by guard elements no kernel may touch."""
+    """An output whose elements start as garbage, with guard elements around it that no kernel may touch."""
 
-    __slots__ = ("guard",)
+    __slots__ = ("guard", "front")
 
 
-def empty(device, shape, dtype: int, guard: int = 5) -> OutputView:
+def empty(device, shape, dtype: int, guard: int = 5, offset: int = 0) -> OutputView:
+    """An output view; with `offset`, it starts that many elements into its buffer (an output written in place
+    into part of a larger tensor), and those elements are guards too."""
     shape = tuple(shape)
     n = numel(shape)
-    buf = device.alloc((n + guard) * dtypes.itemsize(dtype))
-    view = OutputView(buf, dtype, shape)
+    buf = device.alloc((offset + n + guard) * dtypes.itemsize(dtype))
+    view = OutputView(buf, dtype, shape, offset=offset)
     view.guard = draw(rng("guard", shape, dtype), (guard,), dtype, -100, 100)
-    device.write(View(buf, dtype, (n + guard,)), np.concatenate([_garbage(n, dtype), view.guard]))
+    view.front = draw(rng("front", shape, dtype), (offset,), dtype, -100, 100)
+    device.write(View(buf, dtype, (offset + n + guard,)), np.concatenate([view.front, _garbage(n, dtype), view.guard]))
     return view
 
 
@@ -167,11 +181,15 @@ def download(device, view) -> np.ndarray:
     """The view's elements on the host; for an OutputView, also checks that its guard is intact."""
     __tracebackhide__ = True
     out = device.read(view)
-    if isinstance(view, OutputView) and len(view.guard):
+    if isinstance(view, OutputView):
         after = read_buffer(device, view, view.offset + numel(view.shape), len(view.guard))
         if not np.array_equal(after, view.guard, equal_nan=True):
             raise AssertionError(f"the kernel wrote past the end of its output (shape {view.shape}, "
                                  f"{dtypes.name(view.dtype)}): guard {view.guard} became {after}")
+        before = read_buffer(device, view, 0, len(view.front))
+        if not np.array_equal(before, view.front, equal_nan=True):
+            raise AssertionError(f"the kernel wrote before the start of its output (offset {view.offset}): "
+                                 f"{view.front} became {before}")
     return out
 
 

@@ -37,6 +37,7 @@ def _add(out, a, b):
 class HostMemDevice(Device):
     backend_name = "hostmem"
     kernels = {"fill": _fill, "copy": _copy, "add": _add}
+    dtypes = dtypes.ALL + (dtypes.float64,)  # its kernels and the host fallback are numpy: float64 works too
 
     def _raw_alloc(self, nbytes):
         return bytearray(nbytes)

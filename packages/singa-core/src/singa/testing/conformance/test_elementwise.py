@@ -107,6 +107,7 @@ def unary_layouts(gen):
     for kind in H.LAYOUTS:
         yield kind, shape, kind
     yield "broadcast (stride 0 on axes 0 and 2)", shape, "broadcast"
+    yield "size-1 axis with a meaningless stride", (shape[0], 1, shape[2]), "unit-axis-strides"
     yield "0-d", (), "contiguous"
     yield "empty (zero-length axis)", (2, 0, 3), "contiguous"
     yield "long odd length", (1031,), "offset"
@@ -152,6 +153,9 @@ def binary_layouts(entry, dtype, gen):
     b = values(entry, dtype, gen, s3)
     yield "a transposed, b stepped", s3, [(a, "transposed"), (b, "stepped")]
     yield "a offset, b contiguous", s3, [(a, "offset"), (b, "contiguous")]
+    s1 = (s3[0], 1, s3[2])
+    yield "size-1 axes with meaningless strides", s1, [
+        (values(entry, dtype, gen, s1), "unit-axis-strides"), (values(entry, dtype, gen, s1), "unit-axis-strides")]
     yield "a stepped, b transposed", s3, [(a, "stepped"), (b, "transposed")]
     b = a.copy()
     b.reshape(-1)[::3] = values(entry, dtype, gen, b.reshape(-1)[::3].shape)
@@ -200,6 +204,55 @@ def test_binary_broadcast_3d(device, name):
             with checks(what):
                 run(device, entry, dtype, [H.broadcast(device, a, shape), H.broadcast(device, b, shape)],
                     [np.broadcast_to(a, shape), np.broadcast_to(b, shape)], shape, {}, what)
+    checks.done()
+
+
+def _same_dtype_cases(names):
+    return [c for n in names if not TABLE[n].out_bool for c in cases(TABLE[n])]
+
+
+@pytest.mark.parametrize("case", _same_dtype_cases(UNARY), ids=_ids)
+def test_unary_in_place(device, case):
+    # `x.relu_()`-style calls: the core passes the input view itself as the output (here, part of a larger buffer)
+    name, dtype = case
+    entry = TABLE[name]
+    gen = H.rng("unary-in-place", name, dtype)
+    params = params_for(entry, dtype)
+    x = values(entry, dtype, gen, (4, 5), params)
+    out = H.empty(device, x.shape, dtype, offset=3)
+    device.write(out, x)
+    device.table[name](out, out, **params)
+    want, _ = reference(entry, dtype, [x], params)
+    H.assert_close(H.download(device, out), want, dtype, what=f"{name} [{dtypes.name(dtype)}] in place, at offset 3")
+
+
+@pytest.mark.parametrize("case", _same_dtype_cases(BINARY), ids=_ids)
+def test_binary_in_place(device, case):
+    # `a += b`: out is the very view of a (or of b, or of both), starting inside a larger buffer
+    name, dtype = case
+    entry = TABLE[name]
+    gen = H.rng("binary-in-place", name, dtype)
+    shape = (3, 7)
+    checks = H.Checks()
+    for which in ("a", "b", "both"):
+        a, b = values(entry, dtype, gen, shape), values(entry, dtype, gen, (1, 7))
+        out = H.empty(device, shape, dtype, offset=2)
+        if which == "a":
+            device.write(out, a)
+            args, arrays = (out, H.broadcast(device, b, shape)), (a, np.broadcast_to(b, shape))
+        elif which == "b":
+            a, b = values(entry, dtype, gen, (1, 7)), values(entry, dtype, gen, shape)
+            device.write(out, b)
+            args, arrays = (H.broadcast(device, a, shape), out), (np.broadcast_to(a, shape), b)
+        else:
+            a = values(entry, dtype, gen, shape)
+            device.write(out, a)
+            args, arrays = (out, out), (a, a)
+        with checks(f"out is {which}"):
+            device.table[name](out, *args)
+            want, _ = reference(entry, dtype, list(arrays), {})
+            H.assert_close(H.download(device, out), want, dtype,
+                           what=f"{name} [{dtypes.name(dtype)}] in place (out is {which}, at offset 2)")
     checks.done()
 
 

@@ -87,7 +87,7 @@ def test_scatter_add(device, dtype, idtype):
         want = scatter_add_ref(out0, idx, updates, axis)
         scale = scatter_add_ref(np.abs(out0), idx, np.abs(updates), axis)
         with checks(f"shape {shape} axis {axis} indices shape {ishape}"):
-            out = H.empty(device, shape, dtype)
+            out = H.empty(device, shape, dtype, offset=axis + 1)  # a target inside a larger tensor
             device.write(out, out0)  # scatter_add accumulates into out
             device.table["scatter_add"](out, H.upload(device, idx, idtype), H.upload(device, updates, offset=1),
                                         axis=axis)

@@ -16,9 +16,10 @@ COVERS = {"matmul"}
 
 
 def _matmul_case(device, dtype, gen, B, Ba, Bb, m, n, k, trans_a, trans_b, alpha, beta, what, offset=False):
+    """One product; with `offset`, a starts inside its buffer and out is written in place into part of a buffer."""
     a = H.draw(gen, (Ba, k, m) if trans_a else (Ba, m, k), dtype, -3, 3)
     b = H.draw(gen, (Bb, n, k) if trans_b else (Bb, k, n), dtype, -3, 3)
-    out = H.empty(device, (B, m, n), dtype)  # starts as NaN: beta == 0 must not read it
+    out = H.empty(device, (B, m, n), dtype, offset=4 if offset else 0)  # starts as NaN: beta == 0 must not read it
     c0 = np.zeros((B, m, n))
     if beta != 0:
         c0 = H.draw(gen, (B, m, n), dtype, -3, 3)

@@ -66,15 +66,17 @@ def _check(device, name, x, axes, dtype, what, layout="contiguous"):
 def test_reduce(device, name, dtype):
     gen = H.rng(name, dtype)
     shape = (2, 3, 4) if name == "reduce_prod" else SHAPE
-    cases = [(shape, axes) for axes in AXES] + [((), ()), ((700,), (0,)), ((0, 4), (1,))]
+    cases = [(shape, axes) for axes in AXES] + [((), ()), ((700,), (0,)), ((0, 4), (1,)), ((3, 1, 4), (1,)),
+                                                  ((3, 1, 4), (0, 2))]
     if name not in ("reduce_max", "reduce_min") and not (name == "reduce_mean" and dtype in dtypes.INTS):
         cases.append(((0, 4), (0,)))  # empty reduction: sum 0, prod 1, mean NaN
     checks = H.Checks()
     for i, (s, axes) in enumerate(cases):
         x = _inputs(name, dtype, gen, s)
         # inputs are contiguous by contract, but may start at an offset into their buffer
-        with checks(f"shape {s} axes {axes}"):
-            _check(device, name, x, axes, dtype, f"shape {s} axes={axes}", layout="offset" if i % 2 else "contiguous")
+        kind = "unit-axis-strides" if 1 in s else "offset" if i % 2 else "contiguous"
+        with checks(f"shape {s} axes {axes} {kind}"):
+            _check(device, name, x, axes, dtype, f"shape {s} axes={axes} {kind}", layout=kind)
     checks.done()
 
 
