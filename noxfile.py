@@ -58,7 +58,8 @@ def _packages(with_cpu: bool = True, with_test_plugins: bool = False) -> list[Pa
     if with_cpu:
         paths.append(CPU)
     if with_test_plugins:
-        paths += sorted(p.parent for p in TEST_PLUGINS.glob("*/pyproject.toml"))
+        # singa-plugin-broken is not installed: tests/test_plugins.py exposes it to its own subprocesses only
+        paths += [TEST_PLUGINS / "singa-plugin-hostmem"]
     return paths
 
 

@@ -1,8 +1,11 @@
 """SINGA's CPU backend: C kernels compiled at install time (cffi), OpenMP threads, OpenBLAS for matrix products.
 
 Installed, it registers itself as the `cpu` backend through the `singa.backends` entry point; `singa.device` finds it.
-Threads: `set_num_threads(n)` sets the OpenMP and OpenBLAS thread counts together. The default is SINGA_NUM_THREADS,
-else OMP_NUM_THREADS, else every core this process may run on.
+
+Threads: one pool. `set_num_threads(n)` sets the OpenMP threads every kernel uses and keeps OpenBLAS at one thread:
+matrix products and convolutions are split over the OpenMP threads, each calling OpenBLAS on its own part, so the
+two libraries never keep two sets of spinning workers on the same cores. The default is SINGA_NUM_THREADS, else
+OMP_NUM_THREADS, else every core this process may run on.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ __all__ = ["CpuBackend", "CpuDevice", "get_num_threads", "set_num_threads", "sin
 
 
 def set_num_threads(n: int) -> None:
-    """Use `n` threads in the OpenMP kernels and in OpenBLAS."""
+    """Use `n` threads for every kernel (OpenMP; OpenBLAS runs single-threaded inside them)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"set_num_threads: need at least 1 thread, got {n}")

@@ -34,7 +34,7 @@ class CpuBackend(Backend):
         return {
             "blas": f"OpenBLAS from scipy-openblas32 {scipy_openblas32.__version__} "
                     f"({ffi.string(lib.scipy_openblas_get_config()).decode()})",
-            "threads": f"{lib.sg_get_num_threads()} (OpenMP kernels), "
-                       f"{lib.scipy_openblas_get_num_threads()} (OpenBLAS)",
+            "threads": f"{lib.sg_get_num_threads()} OpenMP threads; matrix products are split over them, "
+                       f"OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
         }

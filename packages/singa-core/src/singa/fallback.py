@@ -81,8 +81,8 @@ def reduce_mean(out, x, axes):
     with np.errstate(all="ignore"):
         n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
         s = np.sum(_acc(x), axis=tuple(axes))
-        if np.issubdtype(s.dtype, np.integer):
-            return {"out": (s // n if n else np.zeros_like(s))}
+        if np.issubdtype(s.dtype, np.integer):  # integer mean truncates toward zero, like C division
+            return {"out": (np.trunc(s / n).astype(s.dtype) if n else np.zeros_like(s))}
         return {"out": s / n if n else np.full(s.shape, np.nan, s.dtype)}
 
 
@@ -113,6 +113,9 @@ def matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     ct = np.float32 if a.dtype == np.float16 else a.dtype
     A = a.astype(ct)
     B = b.astype(ct)
+    batch = out.shape[0]  # Ba, Bb of 1 broadcast to the output's batch
+    A = np.broadcast_to(A, (batch,) + A.shape[1:])
+    B = np.broadcast_to(B, (batch,) + B.shape[1:])
     if trans_a:
         A = A.transpose(0, 2, 1)
     if trans_b:
@@ -392,6 +395,8 @@ def scatter_add(out, indices, updates, axis):
 
 def pad(out, x, pads, mode, value=0.0):
     nd = x.ndim
+    if nd == 0:  # nothing to pad; numpy rejects an empty pad list
+        return {"out": x.copy()}
     width = [(pads[i], pads[i + nd]) for i in range(nd)]
     if mode == "constant":
         return {"out": np.pad(x, width, mode="constant", constant_values=value)}

@@ -48,7 +48,8 @@ SPECIAL = [
     # -- reductions -------------------------------------------------------------------------------------------------
     P("reduce_sum", ("out",), ("x",), ("axes",), "Sum over `axes` (sorted tuple, may be empty = copy). out.shape is x.shape "
       "without those axes. Float16 accumulates in float32.", "reduction"),
-    P("reduce_mean", ("out",), ("x",), ("axes",), "Mean over `axes`; an empty reduction gives NaN.", "reduction"),
+    P("reduce_mean", ("out",), ("x",), ("axes",), "Mean over `axes`; an empty reduction gives NaN (0 for integers). "
+      "Integer means truncate toward zero.", "reduction"),
     P("reduce_max", ("out",), ("x",), ("axes",), "Maximum over `axes` (NaN propagates); needs a non-empty reduction.",
       "reduction"),
     P("reduce_min", ("out",), ("x",), ("axes",), "Minimum over `axes` (NaN propagates); needs a non-empty reduction.",

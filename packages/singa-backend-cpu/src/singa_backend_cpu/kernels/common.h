@@ -82,6 +82,14 @@ typedef void (*sg_row_fn)(int64_t n, char *const *p, const int64_t *st, const vo
 void sg_strided_run(int nops, const int *itemsizes, int ndim, const int64_t *dims, char *const *base, sg_row_fn row,
                     const void *ctx, int64_t thresh);
 
+/* -- float32 products (gemm.c) ---------------------------------------------------------------------------------
+ * Row-major C = alpha op(A) op(B) + beta C through OpenBLAS. OpenBLAS is kept at one thread and this backend splits
+ * products over its own OpenMP threads instead: one pool for every kernel, so that OpenBLAS's workers and OpenMP's
+ * never compete for the cores (on a busy machine that competition made each mid-sized product wait for a scheduler
+ * slice). `may_split` = 0 when the caller already runs on one of several threads. */
+void sg_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int may_split);
+
 /* -- float16 <-> float in bulk (GCC 12 does not vectorise _Float16 conversions itself) ------------------------- */
 static inline void sg_h2f(const sg_half *src, float *dst, int64_t n) {
     int64_t i = 0;

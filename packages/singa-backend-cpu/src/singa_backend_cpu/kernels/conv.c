@@ -3,11 +3,11 @@
  * For each group, a chunk of `nb` images is unfolded into col (Cg*kh*kw, nb*OH*OW); the forward product is then
  * w_g (Kg, Cg*kh*kw) @ col, the data gradient col2im(w_g^T @ dy_g), the weight gradient dy_g @ col^T summed over the
  * chunks. Small images are batched into one chunk so that sgemm gets a wide enough matrix; large ones go one by one
- * and write straight into the output. sgemm runs on OpenBLAS's threads, unfolding and folding on OpenMP's.
+ * and write straight into the output. Threads own ranges of images (one-thread products inside, per-thread scratch
+ * and, for dw, per-thread sums); with fewer images than threads the unfolding and the products are split instead.
  * float16 is computed through float32 copies.
  */
 #include "common.h"
-#include "cblas.h"
 
 #define COL_BUDGET (1 << 21) /* floats in one col buffer (8 MiB) */
 #define WIDE_ENOUGH 1024     /* columns beyond which batching images buys sgemm nothing more */
@@ -58,10 +58,13 @@ static void valid_range(int64_t out_len, int64_t in_len, int64_t s, int64_t pad,
     *hi = b;
 }
 
+/* Threads for a loop of `work` elements: none when the caller is already one of several threads (par = 0). */
+static int inner_threads(int par, int64_t work) { return par ? sg_threads_for(work, 1 << 15) : 1; }
+
 /* col rows of images [n0, n0 + nb), group g: row (c, i, j), column (image, oh, ow) */
-static void im2col(const geometry *q, const float *x, int64_t n0, int64_t nb, int64_t g, float *col) {
+static void im2col(const geometry *q, const float *x, int64_t n0, int64_t nb, int64_t g, float *col, int par) {
     const int64_t rows = q->ckk, ld = nb * q->ohw;
-    const int T = sg_threads_for(rows * ld, 1 << 15);
+    const int T = inner_threads(par, rows * ld);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
     for (int64_t img = 0; img < nb; img++) {
         for (int64_t row = 0; row < rows; row++) {
@@ -90,9 +93,9 @@ static void im2col(const geometry *q, const float *x, int64_t n0, int64_t nb, in
 }
 
 /* dx[images, group g] += fold of col; one thread per (image, channel) plane, so no two threads add to one element */
-static void col2im(const geometry *q, const float *col, int64_t n0, int64_t nb, int64_t g, float *dx) {
+static void col2im(const geometry *q, const float *col, int64_t n0, int64_t nb, int64_t g, float *dx, int par) {
     const int64_t ld = nb * q->ohw, kk = q->kh * q->kw;
-    const int T = sg_threads_for(q->ckk * ld, 1 << 15);
+    const int T = inner_threads(par, q->ckk * ld);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
     for (int64_t img = 0; img < nb; img++) {
         for (int64_t c = 0; c < q->Cg; c++) {
@@ -106,12 +109,12 @@ static void col2im(const geometry *q, const float *col, int64_t n0, int64_t nb, 
                     const int64_t ih = oh * q->sh - q->pt + i * q->dh;
                     if (ih < 0 || ih >= q->H) continue;
                     float *d = plane + ih * q->W - q->pl + j * q->dw;
-                    const float *s = src + oh * q->OW;
+                    const float *sv = src + oh * q->OW;
                     if (q->sw == 1) {
 #pragma omp simd
-                        for (int64_t ow = lo; ow < hi; ow++) d[ow] += s[ow];
+                        for (int64_t ow = lo; ow < hi; ow++) d[ow] += sv[ow];
                     } else {
-                        for (int64_t ow = lo; ow < hi; ow++) d[ow * q->sw] += s[ow];
+                        for (int64_t ow = lo; ow < hi; ow++) d[ow * q->sw] += sv[ow];
                     }
                 }
             }
@@ -135,125 +138,201 @@ static void chunk_scatter(const geometry *q, const float *t, int64_t nchan, int6
                    (size_t)q->ohw * sizeof(float));
 }
 
-static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                  int64_t ldb, float beta, float *c, int64_t ldc) {
-    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
-                      (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+/* Per-thread scratch: col (ckk, nb * ohw) and, when images are batched, a (Kg, nb * ohw) staging block. */
+typedef struct {
+    float *col, *tmp;
+} scratch;
+
+static int scratch_open(const geometry *q, int64_t nb, int need_col, scratch *s) {
+    s->col = need_col ? (float *)malloc((size_t)(q->ckk * nb * q->ohw) * sizeof(float)) : NULL;
+    s->tmp = nb > 1 ? (float *)malloc((size_t)(q->Kg * nb * q->ohw) * sizeof(float)) : NULL;
+    return (need_col && !s->col) || (nb > 1 && !s->tmp) ? SG_ENOMEM : SG_OK;
+}
+static void scratch_close(scratch *s) {
+    free(s->col);
+    free(s->tmp);
 }
 
-static int conv_forward_f32(const geometry *q, const float *x, const float *w, const float *b, float *y) {
-    const int64_t nb = chunk_images(q);
+/* How the work is spread: `T` threads each own a contiguous range of images, with one-thread products inside; or,
+ * with fewer images than threads, one range whose unfolding and products are split over the threads instead. */
+static int image_threads(const geometry *q) {
+    const int T = sg_threads_for(q->N * q->K * q->ohw * (q->ckk > 0 ? q->ckk : 1), 1 << 18);
+    return q->N >= T ? T : 1;
+}
+
+/* -- forward ---------------------------------------------------------------------------------------------------- */
+static void forward_images(const geometry *q, const float *x, const float *w, float *y, int64_t lo, int64_t hi,
+                           int64_t nb, scratch *s, int par) {
     const int direct = is_pointwise(q);
-    float *col = NULL, *tmp = NULL;
-    if (!direct || nb > 1) col = (float *)malloc((size_t)(q->ckk * nb * q->ohw) * sizeof(float));
-    if (nb > 1) tmp = (float *)malloc((size_t)(q->Kg * nb * q->ohw) * sizeof(float));
-    if ((!direct || nb > 1) && !col) return SG_ENOMEM;
-    if (nb > 1 && !tmp) { free(col); return SG_ENOMEM; }
-    for (int64_t n0 = 0; n0 < q->N; n0 += nb) {
-        const int64_t cnt = sg_min64(nb, q->N - n0), ld = cnt * q->ohw;
+    for (int64_t n0 = lo; n0 < hi; n0 += nb) {
+        const int64_t cnt = sg_min64(nb, hi - n0), ld = cnt * q->ohw;
         for (int64_t g = 0; g < q->G; g++) {
             const float *wg = w + g * q->Kg * q->ckk;
-            const float *B;
-            int64_t ldb;
-            if (direct && cnt == 1) {
-                B = x + (n0 * q->C + g * q->Cg) * q->hw;
-                ldb = q->hw;
-            } else {
-                im2col(q, x, n0, cnt, g, col);
-                B = col;
-                ldb = ld;
-            }
-            if (cnt == 1) {
-                sgemm(0, 0, q->Kg, q->ohw, q->ckk, wg, q->ckk, B, ldb, 0.0f, y + (n0 * q->K + g * q->Kg) * q->ohw,
-                      q->ohw);
-            } else {
-                sgemm(0, 0, q->Kg, ld, q->ckk, wg, q->ckk, B, ldb, 0.0f, tmp, ld);
-                chunk_scatter(q, tmp, q->K, g * q->Kg, q->Kg, n0, cnt, y);
-            }
-        }
-    }
-    free(col);
-    free(tmp);
-    if (b) {
-        const int T = sg_threads_for(q->N * q->K * q->ohw, 1 << 15);
-#pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
-        for (int64_t n = 0; n < q->N; n++)
-            for (int64_t k = 0; k < q->K; k++) {
-                float *p = y + (n * q->K + k) * q->ohw;
-                const float bk = b[k];
-#pragma omp simd
-                for (int64_t i = 0; i < q->ohw; i++) p[i] += bk;
-            }
-    }
-    return SG_OK;
-}
-
-static int conv_backward_data_f32(const geometry *q, const float *dy, const float *w, float *dx) {
-    const int64_t nb = chunk_images(q);
-    const int direct = is_pointwise(q);
-    float *col = (float *)malloc((size_t)(q->ckk * nb * q->ohw) * sizeof(float));
-    float *tmp = nb > 1 ? (float *)malloc((size_t)(q->Kg * nb * q->ohw) * sizeof(float)) : NULL;
-    if (!col || (nb > 1 && !tmp)) { free(col); free(tmp); return SG_ENOMEM; }
-    if (!direct) memset(dx, 0, (size_t)(q->N * q->C * q->hw) * sizeof(float));
-    for (int64_t n0 = 0; n0 < q->N; n0 += nb) {
-        const int64_t cnt = sg_min64(nb, q->N - n0), ld = cnt * q->ohw;
-        for (int64_t g = 0; g < q->G; g++) {
-            const float *wg = w + g * q->Kg * q->ckk;
-            const float *D = dy + (n0 * q->K + g * q->Kg) * q->ohw;
-            int64_t ldd = q->ohw;
-            if (cnt > 1) {
-                chunk_gather(q, dy, q->K, g * q->Kg, q->Kg, n0, cnt, tmp);
-                D = tmp;
-                ldd = ld;
-            }
-            if (direct && cnt == 1) { /* dx_g = w_g^T @ dy_g, no folding */
-                sgemm(1, 0, q->ckk, q->ohw, q->Kg, wg, q->ckk, D, ldd, 0.0f, dx + (n0 * q->C + g * q->Cg) * q->hw,
-                      q->hw);
-                continue;
-            }
-            sgemm(1, 0, q->ckk, ld, q->Kg, wg, q->ckk, D, ldd, 0.0f, col, ld);
-            if (direct)
-                chunk_scatter(q, col, q->C, g * q->Cg, q->Cg, n0, cnt, dx);
-            else
-                col2im(q, col, n0, cnt, g, dx);
-        }
-    }
-    free(col);
-    free(tmp);
-    return SG_OK;
-}
-
-static int conv_backward_weight_f32(const geometry *q, const float *dy, const float *x, float *dw) {
-    const int64_t nb = chunk_images(q);
-    const int direct = is_pointwise(q);
-    float *col = (float *)malloc((size_t)(q->ckk * nb * q->ohw) * sizeof(float));
-    float *tmp = nb > 1 ? (float *)malloc((size_t)(q->Kg * nb * q->ohw) * sizeof(float)) : NULL;
-    if (!col || (nb > 1 && !tmp)) { free(col); free(tmp); return SG_ENOMEM; }
-    if (q->N == 0 || q->ohw == 0) memset(dw, 0, (size_t)(q->K * q->ckk) * sizeof(float));
-    for (int64_t n0 = 0; n0 < q->N && q->ohw > 0; n0 += nb) {
-        const int64_t cnt = sg_min64(nb, q->N - n0), ld = cnt * q->ohw;
-        for (int64_t g = 0; g < q->G; g++) {
-            const float *D = dy + (n0 * q->K + g * q->Kg) * q->ohw;
-            int64_t ldd = q->ohw;
-            if (cnt > 1) {
-                chunk_gather(q, dy, q->K, g * q->Kg, q->Kg, n0, cnt, tmp);
-                D = tmp;
-                ldd = ld;
-            }
-            const float *B = col;
+            const float *B = s->col;
             int64_t ldb = ld;
             if (direct && cnt == 1) {
                 B = x + (n0 * q->C + g * q->Cg) * q->hw;
                 ldb = q->hw;
             } else {
-                im2col(q, x, n0, cnt, g, col);
+                im2col(q, x, n0, cnt, g, s->col, par);
             }
-            sgemm(0, 1, q->Kg, q->ckk, ld, D, ldd, B, ldb, n0 == 0 ? 0.0f : 1.0f, dw + g * q->Kg * q->ckk, q->ckk);
+            if (cnt == 1) {
+                sg_sgemm(0, 0, q->Kg, q->ohw, q->ckk, 1.0f, wg, q->ckk, B, ldb, 0.0f,
+                         y + (n0 * q->K + g * q->Kg) * q->ohw, q->ohw, par);
+            } else {
+                sg_sgemm(0, 0, q->Kg, ld, q->ckk, 1.0f, wg, q->ckk, B, ldb, 0.0f, s->tmp, ld, par);
+                chunk_scatter(q, s->tmp, q->K, g * q->Kg, q->Kg, n0, cnt, y);
+            }
         }
     }
-    free(col);
-    free(tmp);
+}
+
+static int conv_forward_f32(const geometry *q, const float *x, const float *w, const float *b, float *y) {
+    const int T = image_threads(q);
+    const int need_col = !is_pointwise(q) || chunk_images(q) > 1;
+    int err = SG_OK;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
+        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
+        scratch s;
+        if (scratch_open(q, nb, need_col || nb > 1, &s)) {
+#pragma omp atomic write
+            err = SG_ENOMEM;
+        } else {
+            forward_images(q, x, w, y, lo, hi, nb, &s, nt == 1);
+        }
+        scratch_close(&s);
+    }
+    if (err || !b) return err;
+    const int TB = sg_threads_for(q->N * q->K * q->ohw, 1 << 15);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(TB) if (TB > 1)
+    for (int64_t n = 0; n < q->N; n++)
+        for (int64_t k = 0; k < q->K; k++) {
+            float *p = y + (n * q->K + k) * q->ohw;
+            const float bk = b[k];
+#pragma omp simd
+            for (int64_t i = 0; i < q->ohw; i++) p[i] += bk;
+        }
     return SG_OK;
+}
+
+/* -- gradient with respect to x --------------------------------------------------------------------------------- */
+static void backward_data_images(const geometry *q, const float *dy, const float *w, float *dx, int64_t lo, int64_t hi,
+                                 int64_t nb, scratch *s, int par) {
+    const int direct = is_pointwise(q);
+    for (int64_t n0 = lo; n0 < hi; n0 += nb) {
+        const int64_t cnt = sg_min64(nb, hi - n0), ld = cnt * q->ohw;
+        if (!direct) memset(dx + n0 * q->C * q->hw, 0, (size_t)(cnt * q->C * q->hw) * sizeof(float));
+        for (int64_t g = 0; g < q->G; g++) {
+            const float *wg = w + g * q->Kg * q->ckk;
+            const float *D = dy + (n0 * q->K + g * q->Kg) * q->ohw;
+            int64_t ldd = q->ohw;
+            if (cnt > 1) {
+                chunk_gather(q, dy, q->K, g * q->Kg, q->Kg, n0, cnt, s->tmp);
+                D = s->tmp;
+                ldd = ld;
+            }
+            if (direct && cnt == 1) { /* dx_g = w_g^T @ dy_g, nothing to fold */
+                sg_sgemm(1, 0, q->ckk, q->ohw, q->Kg, 1.0f, wg, q->ckk, D, ldd, 0.0f,
+                         dx + (n0 * q->C + g * q->Cg) * q->hw, q->hw, par);
+                continue;
+            }
+            sg_sgemm(1, 0, q->ckk, ld, q->Kg, 1.0f, wg, q->ckk, D, ldd, 0.0f, s->col, ld, par);
+            if (direct)
+                chunk_scatter(q, s->col, q->C, g * q->Cg, q->Cg, n0, cnt, dx);
+            else
+                col2im(q, s->col, n0, cnt, g, dx, par);
+        }
+    }
+}
+
+static int conv_backward_data_f32(const geometry *q, const float *dy, const float *w, float *dx) {
+    const int T = image_threads(q);
+    int err = SG_OK;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
+        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
+        scratch s;
+        if (scratch_open(q, nb, 1, &s)) {
+#pragma omp atomic write
+            err = SG_ENOMEM;
+        } else {
+            backward_data_images(q, dy, w, dx, lo, hi, nb, &s, nt == 1);
+        }
+        scratch_close(&s);
+    }
+    return err;
+}
+
+/* -- gradient with respect to w: each thread sums its images into its own copy of dw, then the copies are added -- */
+static void backward_weight_images(const geometry *q, const float *dy, const float *x, float *dw, int64_t lo,
+                                   int64_t hi, int64_t nb, scratch *s, int par) {
+    const int direct = is_pointwise(q);
+    for (int64_t n0 = lo; n0 < hi; n0 += nb) {
+        const int64_t cnt = sg_min64(nb, hi - n0), ld = cnt * q->ohw;
+        for (int64_t g = 0; g < q->G; g++) {
+            const float *D = dy + (n0 * q->K + g * q->Kg) * q->ohw;
+            int64_t ldd = q->ohw;
+            if (cnt > 1) {
+                chunk_gather(q, dy, q->K, g * q->Kg, q->Kg, n0, cnt, s->tmp);
+                D = s->tmp;
+                ldd = ld;
+            }
+            const float *B = s->col;
+            int64_t ldb = ld;
+            if (direct && cnt == 1) {
+                B = x + (n0 * q->C + g * q->Cg) * q->hw;
+                ldb = q->hw;
+            } else {
+                im2col(q, x, n0, cnt, g, s->col, par);
+            }
+            sg_sgemm(0, 1, q->Kg, q->ckk, ld, 1.0f, D, ldd, B, ldb, n0 == lo ? 0.0f : 1.0f, dw + g * q->Kg * q->ckk,
+                     q->ckk, par);
+        }
+    }
+}
+
+static int conv_backward_weight_f32(const geometry *q, const float *dy, const float *x, float *dw) {
+    const int64_t nw = q->K * q->ckk;
+    if (q->N == 0 || q->ohw == 0) {
+        memset(dw, 0, (size_t)nw * sizeof(float));
+        return SG_OK;
+    }
+    const int T = image_threads(q);
+    float *partial = T > 1 ? (float *)malloc((size_t)(nw * (T - 1)) * sizeof(float)) : NULL;
+    if (T > 1 && !partial) return SG_ENOMEM;
+    int err = SG_OK;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
+        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
+        float *mine = t == 0 ? dw : partial + (t - 1) * nw;
+        scratch s;
+        if (scratch_open(q, nb, 1, &s)) {
+#pragma omp atomic write
+            err = SG_ENOMEM;
+        } else if (hi > lo) {
+            backward_weight_images(q, dy, x, mine, lo, hi, nb, &s, nt == 1);
+        } else {
+            memset(mine, 0, (size_t)nw * sizeof(float));
+        }
+        scratch_close(&s);
+#pragma omp barrier
+        /* add the other threads' sums into dw, each thread a slice of it */
+        const int64_t a = sg_chunk(nw, t, nt), e = sg_chunk(nw, t + 1, nt);
+        for (int u = 1; u < nt; u++) {
+            const float *p = partial + (u - 1) * nw;
+#pragma omp simd
+            for (int64_t i = a; i < e; i++) dw[i] += p[i];
+        }
+    }
+    free(partial);
+    return err;
 }
 
 /* float16: run the float32 kernel on converted copies */

@@ -3,34 +3,67 @@
 #include "common.h"
 #include "cblas.h" /* scipy-openblas32's header: every symbol carries the scipy_ prefix */
 
-/* out = beta * out, with beta == 0 meaning "overwrite" (out may hold garbage, NaN included) */
-static void scale_f32(float *c, int64_t n, float beta) {
-    if (beta == 0.0f)
-        memset(c, 0, (size_t)n * sizeof(float));
-    else if (beta != 1.0f)
-        for (int64_t i = 0; i < n; i++) c[i] *= beta;
+#define GEMM_PAR_FLOPS 4.0e6 /* below this a product stays on one thread */
+
+static void sgemm1(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
+                      (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+void sg_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int may_split) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) { /* BLAS wants k >= 1; the product is empty */
+        for (int64_t i = 0; i < m; i++) {
+            float *row = c + i * ldc;
+            for (int64_t j = 0; j < n; j++) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+        }
+        return;
+    }
+    int T = may_split ? sg_max_threads() : 1;
+    if (2.0 * (double)m * (double)n * (double)k < GEMM_PAR_FLOPS) T = 1;
+    if (T < 2) {
+        sgemm1(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    /* each thread takes a block of C's columns (or rows, when C is taller than wide) */
+    const int by_cols = n >= m;
+#pragma omp parallel num_threads(T)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t len = by_cols ? n : m, lo = sg_chunk(len, t, nt), hi = sg_chunk(len, t + 1, nt);
+        if (hi > lo) {
+            if (by_cols)
+                sgemm1(ta, tb, m, hi - lo, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
+            else
+                sgemm1(ta, tb, hi - lo, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc,
+                       ldc);
+        }
+    }
 }
 
 static void mm_f32(const float *a, const float *b, float *c, int64_t batch, int64_t batch_a, int64_t batch_b,
                    int64_t m, int64_t n, int64_t k, int ta, int tb, float alpha, float beta) {
-    if (k == 0) {
-        scale_f32(c, batch * m * n, beta);
-        return;
-    }
-    const enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-    const blasint lda = (blasint)(ta ? m : k), ldb = (blasint)(tb ? k : n), ldc = (blasint)n;
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
     if (batch > 1 && batch_a == batch && batch_b == 1 && !ta) {
         /* a stack of row-major matrices times one matrix is one taller product */
-        scipy_cblas_sgemm(CblasRowMajor, opa, opb, (blasint)(batch * m), (blasint)n, (blasint)k, alpha, a, lda, b,
-                          ldb, beta, c, ldc);
+        sg_sgemm(ta, tb, batch * m, n, k, alpha, a, lda, b, ldb, beta, c, n, 1);
         return;
     }
-    for (int64_t i = 0; i < batch; i++) {
-        const float *ai = a + (batch_a == 1 ? 0 : i * m * k);
-        const float *bi = b + (batch_b == 1 ? 0 : i * k * n);
-        scipy_cblas_sgemm(CblasRowMajor, opa, opb, (blasint)m, (blasint)n, (blasint)k, alpha, ai, lda, bi, ldb, beta,
-                          c + i * m * n, ldc);
+    const double item_flops = 2.0 * (double)m * (double)n * (double)(k > 0 ? k : 1);
+    const int T = sg_max_threads();
+    if (batch >= 2 * T && T > 1 && (double)batch * item_flops >= GEMM_PAR_FLOPS) {
+        /* many matrices: whole products per thread */
+#pragma omp parallel for schedule(static) num_threads(T)
+        for (int64_t i = 0; i < batch; i++)
+            sg_sgemm(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
+                     b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 0);
+        return;
     }
+    for (int64_t i = 0; i < batch; i++)
+        sg_sgemm(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda, b + (batch_b == 1 ? 0 : i * k * n),
+                 ldb, beta, c + i * m * n, n, 1);
 }
 
 static int mm_f16(const sg_half *a, const sg_half *b, sg_half *c, int64_t batch, int64_t batch_a, int64_t batch_b,

@@ -36,7 +36,8 @@ void sg_set_num_threads(int n) {
     if (n < 1) n = 1;
     sg_nthreads = n;
     omp_set_num_threads(n);
-    scipy_openblas_set_num_threads(n);
+    /* OpenBLAS runs on the calling thread only: products are split over the OpenMP threads (see sg_sgemm) */
+    scipy_openblas_set_num_threads(1);
 }
 
 int sg_get_num_threads(void) { return sg_max_threads(); }

@@ -1,5 +1,5 @@
 """Helpers for tests that call kernels directly: numpy data onto a device as views of several layouts, outputs with
-a guard behind them, reading back, and comparison with per-dtype tolerances.
+guard elements around them, reading back, comparison with per-dtype tolerances, and several cases per test.
 
 Everything goes through the public Device protocol (`alloc`, `write`, `read`) and `singa.backend.View`, so the helpers
 work for any backend, whatever its buffers are.
@@ -156,7 +156,7 @@ def layout(device, array, kind: str, dtype: int | None = None) -> View:
 class OutputView(View):
     """An output whose elements start as garbage, with guard elements around it that no kernel may touch."""
 
-    __slots__ = ("guard", "front")
+    __slots__ = ("front", "guard")
 
 
 def empty(device, shape, dtype: int, guard: int = 5, offset: int = 0) -> OutputView:

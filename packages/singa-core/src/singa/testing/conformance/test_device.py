@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from singa import device as singa_device
 from singa import dtypes, plugins, primitives
 from singa.backend import Device, View
 from singa.testing import helpers as H
@@ -26,6 +27,7 @@ def test_identity(device):
     assert isinstance(device, Device)
     assert device.name == f"{device.backend_name}:{device.id}"
     assert device.backend_name in plugins.registry().backends
+    assert singa_device.get_device(device.name) is device, "a device must be found again by its name"
     assert isinstance(device.description(), str)
     assert device.description()
 
@@ -145,8 +147,6 @@ def test_copy_between_devices(device):
 
 
 def _other_devices():
-    from singa import device as singa_device
-
     return [singa_device.get_device(f"{name}:0") for name in sorted(plugins.registry().backends)]
 
 
