@@ -2,11 +2,11 @@
 graph mode) and of its PyTorch twin, from the same initial weights on the same data, timed and compared.
 
 Per framework and mode:
-* the losses of `LOSS_STEPS` SGD steps (momentum 0.9, lr 0.01) on fixed random batches, from singa's initial weights
-  (torch gets them copied in); the max relative difference to torch's losses is reported;
-* the mean step time over `repeat` rounds of `number` steps after `warmup` steps (each singa round ends with
-  `dev.synchronize()`), with the spread (sd) of the round means;
-* for singa, the device pool's peak bytes in use during the timed steps (`dev.pool.reset_peak()` first), each mode
+* the losses of `LOSS_STEPS` SGD steps (momentum 0.9, lr 0.01) on fixed batches (real digits where scikit-learn is
+  installed), from singa's initial weights (torch gets them copied in); the max relative difference to torch's;
+* the step time over `repeat` rounds of `number` steps after `warmup` steps, the contestants taking turns round by
+  round (each singa round ends with `dev.synchronize()`): mean and fastest round;
+* for singa, the device pool's peak bytes in use over steady-state steps (`dev.pool.reset_peak()` first), each mode
   measured alone (the other mode's model freed).
 """
 
@@ -22,10 +22,12 @@ import numpy as np
 
 import benchlib
 from benchlib import Table, ratio, torch
-from singa import opt, tensor
+from singa import data, opt, tensor
 
 LR, MOMENTUM = 0.01, 0.9
 LOSS_STEPS = 20
+PEAK_STEPS = 3
+EARLY_STEPS = 5  # differences grow along training; the first steps show the agreement of the arithmetic itself
 
 
 @dataclass
@@ -37,37 +39,39 @@ class Spec:
     sample_shape: tuple  # (C, H, W)
     batch: int
     num_classes: int = 10
+    timing: tuple[int, int, int] = (3, 5, 10)  # warm-up steps, rounds, steps per round
+    quick_timing: tuple[int, int, int] = (1, 2, 2)
 
 
 @dataclass
 class Result:
     losses: list[float]
-    step_s: float | None = None
-    step_sd: float | None = None
+    step_s: float | None = None  # mean over the rounds
+    step_best: float | None = None  # fastest round
     peak_bytes: int | None = None
 
 
-def make_batches(spec: Spec, n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def make_batches(spec: Spec, n: int, seed: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+    """`n` batches of real handwritten digits (scikit-learn's, resized to the model's input and repeated over its
+    channels, standardised), or of random numbers without scikit-learn; and a description of which."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((spec.batch, *spec.sample_shape), dtype=np.float32),
-             rng.integers(0, spec.num_classes, spec.batch).astype(np.int32)) for _ in range(n)]
-
-
-def time_steps(step: Callable[[int], object], sync: Callable[[], None], warmup: int, repeat: int,
-               number: int) -> tuple[float, float]:
-    """(mean, sd) over `repeat` rounds of the per-step time of a round of `number` steps, after `warmup` steps."""
-    for i in range(warmup):
-        step(i)
-    sync()
-    gc.collect()
-    rounds = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for i in range(number):
-            step(i)
-        sync()
-        rounds.append((time.perf_counter() - t0) / number)
-    return statistics.fmean(rounds), (statistics.stdev(rounds) if len(rounds) > 1 else 0.0)
+    c, h, w = spec.sample_shape
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        batches = [(rng.standard_normal((spec.batch, c, h, w), dtype=np.float32),
+                    rng.integers(0, spec.num_classes, spec.batch).astype(np.int32)) for _ in range(n)]
+        return batches, "random N(0, 1) images and labels (scikit-learn is not installed)"
+    digits = load_digits()
+    order = rng.permutation(len(digits.target))[:n * spec.batch]
+    if len(order) < n * spec.batch:
+        order = np.resize(order, n * spec.batch)
+    x = data.resize_bilinear(digits.images[order] / 16.0, (h, w))
+    x = np.repeat(((x - x.mean()) / x.std())[:, None], c, axis=1).astype(np.float32)
+    y = digits.target[order].astype(np.int32)
+    batches = [(x[i * spec.batch:(i + 1) * spec.batch], y[i * spec.batch:(i + 1) * spec.batch]) for i in range(n)]
+    return batches, (f"scikit-learn's handwritten digits resized to {h}×{w}" + (f", repeated over {c} channels"
+                                                                                  if c > 1 else ""))
 
 
 def singa_model(spec: Spec, dev, use_graph: bool, init: dict[str, np.ndarray] | None, seed: int = 0):
@@ -88,7 +92,8 @@ def initial_states(spec: Spec, dev) -> dict[str, np.ndarray]:
     return {k: tensor.to_numpy(v).copy() for k, v in m.get_states().items()}
 
 
-def run_singa(spec: Spec, dev, use_graph: bool, init, batches, timing: tuple[int, int, int] | None) -> Result:
+def singa_stepper(spec: Spec, dev, use_graph: bool, init, batches) -> Callable[[int], tuple]:
+    """step(i): one training step of a fresh singa model on batch i (cyclically); returns (out, loss)."""
     m, tx, ty = singa_model(spec, dev, use_graph, init)
 
     def step(i: int):
@@ -97,34 +102,64 @@ def run_singa(spec: Spec, dev, use_graph: bool, init, batches, timing: tuple[int
         ty.copy_from_numpy(y)
         return m(tx, ty)
 
-    losses = []
-    for i in range(LOSS_STEPS):
-        _, loss = step(i)
-        losses.append(float(tensor.to_numpy(loss).reshape(-1)[0]))
-    res = Result(losses)
-    if timing is not None:
-        gc.collect()
-        dev.synchronize()
-        dev.pool.reset_peak()
-        res.step_s, res.step_sd = time_steps(step, dev.synchronize, *timing)
-        res.peak_bytes = dev.pool.peak_bytes
-    return res
+    return step
 
 
-def run_torch(spec: Spec, init, batches, timing: tuple[int, int, int] | None, nudge: float = 0.0) -> Result:
+def torch_stepper(spec: Spec, init, batches, nudge: float = 0.0) -> Callable[[int], object]:
+    """step(i): one training step of a fresh torch twin (singa's initial weights) on batch i; returns the loss."""
     import _torch_models as tm
 
     module = spec.make_torch()
     tm.load_singa_weights(module, init)
     if nudge:
         tm.nudge(module, nudge)
-    res = Result(tm.train_steps(module, batches[:LOSS_STEPS], lr=LR, momentum=MOMENTUM))
-    if timing is not None:
-        optim = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
-        data = [(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))) for x, y in batches]
-        res.step_s, res.step_sd = time_steps(lambda i: tm.train_step(module, optim, *data[i % len(data)]),
-                                             lambda: None, *timing)
+    module.train()
+    optim = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
+    data = [(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))) for x, y in batches]
+    return lambda i: tm.train_step(module, optim, *data[i % len(data)])
+
+
+def singa_losses_and_peak(spec: Spec, dev, use_graph: bool, init, batches) -> Result:
+    """The LOSS_STEPS losses of a singa model, and its pool's peak bytes over `PEAK_STEPS` more steps (this model
+    alone on the device: whatever else was allocated is freed first)."""
+    gc.collect()
+    step = singa_stepper(spec, dev, use_graph, init, batches)
+    losses = [float(tensor.to_numpy(step(i)[1]).reshape(-1)[0]) for i in range(LOSS_STEPS)]
+    dev.synchronize()
+    gc.collect()
+    dev.pool.reset_peak()
+    for i in range(PEAK_STEPS):
+        step(i)
+    dev.synchronize()
+    res = Result(losses, peak_bytes=dev.pool.peak_bytes)
+    del step
+    gc.collect()
     return res
+
+
+def time_interleaved(steppers: dict[str, tuple[Callable, Callable]], warmup: int, repeat: int,
+                     number: int) -> dict[str, list[float]]:
+    """Seconds per step of each round of `number` steps, per contestant {name: (step, sync)}.
+
+    The contestants take turns round by round (the order rotating), so that a machine whose load changes during the
+    run slows all of them alike instead of whichever happened to run then.
+    """
+    for step, sync in steppers.values():
+        for i in range(warmup):
+            step(i)
+        sync()
+    names = list(steppers)
+    rounds: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            step, sync = steppers[name]
+            gc.collect()
+            t0 = time.perf_counter()
+            for i in range(number):
+                step(i)
+            sync()
+            rounds[name].append((time.perf_counter() - t0) / number)
+    return rounds
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
@@ -132,62 +167,144 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(a64 - b64) / np.maximum(np.abs(b64), 1e-12)))
 
 
-def sci(v: float) -> str:
-    return f"{v:.1e}"
+def loss_diffs(r: Result, ref: Result | None) -> list[str | None]:
+    """Max relative loss differences over the first EARLY_STEPS and over all LOSS_STEPS steps, as text."""
+    if ref is None:
+        return [None, None]
+    return [f"{max_rel_diff(r.losses[:n], ref.losses[:n]):.1e}" for n in (EARLY_STEPS, LOSS_STEPS)]
 
 
 def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     """The table of one model: singa eager, singa graph, torch (and torch nudged by `nudge`, loss only)."""
     dev = benchlib.singa_device()
-    timing = (1, 2, 2) if quick else (3, 5, 5)  # warmup steps, rounds, steps per round
-    batches = make_batches(spec, LOSS_STEPS)
+    timing = spec.quick_timing if quick else spec.timing
+    batches, data_desc = make_batches(spec, LOSS_STEPS)
     init = initial_states(spec, dev)
-    eager = run_singa(spec, dev, False, init, batches, timing)
-    gc.collect()  # the eager model's memory goes back before graph mode is measured
-    graph = run_singa(spec, dev, True, init, batches, timing)
-    gc.collect()
     have_torch = torch is not None and spec.make_torch is not None
-    ref = run_torch(spec, init, batches, timing) if have_torch else None
-    nudged = run_torch(spec, init, batches, None, nudge) if have_torch and nudge else None
+
+    # Losses and peak memory, one model at a time.
+    res = {"singa eager": singa_losses_and_peak(spec, dev, False, init, batches),
+           "singa graph": singa_losses_and_peak(spec, dev, True, init, batches)}
+    if have_torch:
+        ref_step = torch_stepper(spec, init, batches)
+        res["torch"] = Result([float(ref_step(i)) for i in range(LOSS_STEPS)])
+        del ref_step
+        if nudge:
+            nudged = torch_stepper(spec, init, batches, nudge)
+            res["torch nudged"] = Result([float(nudged(i)) for i in range(LOSS_STEPS)])
+            del nudged
+
+    # Step times, the contestants taking turns.
+    steppers = {"singa eager": (singa_stepper(spec, dev, False, init, batches), dev.synchronize),
+                "singa graph": (singa_stepper(spec, dev, True, init, batches), dev.synchronize)}
+    if have_torch:
+        steppers["torch"] = (torch_stepper(spec, init, batches), lambda: None)
+    for name, rounds in time_interleaved(steppers, *timing).items():
+        res[name].step_s, res[name].step_best = statistics.fmean(rounds), min(rounds)
+    del steppers
+    gc.collect()
 
     table = Table(
         title=spec.title,
         script=spec.script,
-        headers=["framework / mode", "step (ms)", "sd (ms)", "vs torch", "peak memory (MiB)",
-                 f"loss max rel. diff vs torch ({LOSS_STEPS} steps)"],
+        headers=["framework / mode", "step mean (ms)", "best round (ms)", "vs torch (mean)", "vs torch (best)",
+                 "peak memory (MiB)", f"loss max rel. diff vs torch, steps 1-{EARLY_STEPS}", f"steps 1-{LOSS_STEPS}"],
     )
-    t_ref = ref.step_s if ref else None
+    ref = res.get("torch")
 
-    def row(name: str, r: Result | None, diff_to: Result | None):
-        if r is None:
-            return [name, None, None, None, None, None]
+    def row(name: str, label: str, diff_to: Result | None):
+        r = res[name]
         ms = None if r.step_s is None else r.step_s * 1e3
-        sd = None if r.step_sd is None else r.step_sd * 1e3
+        best = None if r.step_best is None else r.step_best * 1e3
         mib = None if r.peak_bytes is None else r.peak_bytes / 2**20
-        diff = sci(max_rel_diff(r.losses, diff_to.losses)) if diff_to is not None else None
-        return [name, ms, sd, ratio(r.step_s, t_ref), mib, diff]
+        return [label, ms, best, ratio(r.step_s, ref.step_s) if ref else None,
+                ratio(r.step_best, ref.step_best) if ref else None, mib, *loss_diffs(r, diff_to)]
 
-    table.rows += [row("singa eager", eager, ref), row("singa graph", graph, ref)]
+    table.rows += [row("singa eager", "singa eager", ref), row("singa graph", "singa graph", ref)]
     if have_torch:
-        table.rows.append(row(f"torch {torch.__version__}", ref, None))
-        table.rows[-1][3] = 1.0
-    if nudged is not None:
-        table.rows.append(row(f"torch, weights + {nudge:g}·N(0,1)", Result(nudged.losses), ref))
-    table.rows.append(["singa graph vs eager", None, None, ratio(graph.step_s, eager.step_s),
-                       ratio(graph.peak_bytes, eager.peak_bytes), sci(max_rel_diff(graph.losses, eager.losses))])
+        table.rows.append(row("torch", f"torch {torch.__version__}", None))
+    if "torch nudged" in res:
+        table.rows.append(row("torch nudged", f"torch, weights + {nudge:g}·N(0,1)", ref))
+    e, g = res["singa eager"], res["singa graph"]
+    table.rows.append(["singa graph / eager", None, None, ratio(g.step_s, e.step_s), ratio(g.step_best, e.step_best),
+                       ratio(g.peak_bytes, e.peak_bytes), *loss_diffs(g, e)])
     threads = f"torch {torch.get_num_threads()} threads" if torch is not None else "torch not installed"
+    warmup, repeat, number = timing
     table.notes.append(
         f"Batch {spec.batch}, SGD lr {LR} momentum {MOMENTUM}, softmax cross-entropy; singa on `{dev.name}` "
-        f"({dev.description()}), {threads}. Step time: mean over {timing[1]} rounds of {timing[2]} steps after "
-        f"{timing[0]} warm-up steps (sd: spread of the round means); a step is forward, loss, backward and update "
-        "(singa: `model(tx, ty)` with the batch copied into the placeholders). Peak memory: the singa device "
-        "pool's bytes in use during the timed steps (parameters, optimizer state and activations), each mode alone. "
-        f"Loss: the {LOSS_STEPS} losses of singa and torch from the same initial weights (singa's, copied into "
-        "torch) on the same random batches; the last row compares graph with eager mode.")
-    if nudged is not None:
+        f"({dev.description()}), {threads}. A step is forward, loss, backward and update (singa: `model(tx, ty)` "
+        f"with the batch copied into the placeholders). Step time: {repeat} rounds of {number} steps each after "
+        f"{warmup} warm-up steps, singa eager, singa graph and torch taking turns round by round; mean and fastest "
+        "round, per step. Peak memory: the singa device pool's bytes in use over steady-state steps (parameters, "
+        f"optimizer state, activations, the graph's planned arena), each mode alone. Loss: the {LOSS_STEPS} losses "
+        "of singa and torch from the same initial weights (singa's, copied into torch) on the same batches "
+        f"({data_desc}); the last row compares graph with eager mode.")
+    if "torch nudged" in res:
         table.notes.append(
             f"PyTorch's own spread: the same torch run with every initial weight moved by {nudge:g}·N(0,1); "
             "singa's difference to torch is to be read against it.")
-    table.losses = {"singa eager": eager.losses, "singa graph": graph.losses,
-                    **({"torch": ref.losses} if ref else {}), **({"torch nudged": nudged.losses} if nudged else {})}
+    table.losses = {k: v.losses for k, v in res.items()}
     return table
+
+
+def profile(spec: Spec, steps: int = 5, top: int = 15, use_graph: bool = False) -> str:
+    """Where a singa step's time goes: cProfile of `steps` steps after a warm-up, by function (kernels are the
+    `_kernels.sg_*` built-ins), and the Python share (total minus the kernels')."""
+    import cProfile
+    import io
+    import pstats
+
+    dev = benchlib.singa_device()
+    batches, _ = make_batches(spec, 4)
+    step = singa_stepper(spec, dev, use_graph, initial_states(spec, dev), batches)
+    for i in range(2):
+        step(i)
+    dev.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for i in range(steps):
+        step(i)
+    dev.synchronize()
+    prof.disable()
+    wall = (time.perf_counter() - t0) / steps
+    stats = pstats.Stats(prof)
+    kernels: dict[str, tuple[int, float]] = {}
+    for (file, _, func), (_, ncalls, tottime, _, _) in stats.stats.items():
+        if file == "~" and func.startswith("<built-in method") and "._kernels." in func:
+            name = func.split("._kernels.")[-1].rstrip(">")
+            calls, t = kernels.get(name, (0, 0.0))
+            kernels[name] = (calls + ncalls, t + tottime)
+    total_k = sum(t for _, t in kernels.values()) / steps
+    head = (f"singa {'graph' if use_graph else 'eager'} step: {wall * 1e3:.1f} ms wall (under cProfile); kernels "
+            f"{total_k * 1e3:.1f} ms, the rest (Python: autograd, ops checks, allocation, optimizer) "
+            f"{(wall - total_k) * 1e3:.1f} ms")
+    lines = [head, "", "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
+    for name, (calls, t) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"| {name} | {calls / steps:.0f} | {t / steps * 1e3:.1f} | {t / steps / wall:.0%} |")
+    out = io.StringIO()
+    out.write(f"\nPython functions by own time ({steps} steps):\n")
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return "\n".join(lines) + "\n" + out.getvalue()
+
+
+def main(run: Callable[..., Table], spec_fn: Callable[[], Spec]) -> None:
+    """Standalone entry point: the table (`--quick` for a short run), or `--profile` for singa's kernel breakdown."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=run.__doc__)
+    parser.add_argument("--quick", action="store_true", help="few steps and rounds (a smoke test, not a result)")
+    parser.add_argument("--profile", action="store_true", help="print where a singa step's time goes instead")
+    parser.add_argument("--graph", action="store_true", help="with --profile: graph mode instead of eager")
+    args = parser.parse_args()
+    if args.profile:
+        print(profile(spec_fn(), use_graph=args.graph))
+        return
+    warning = benchlib.busy_warning() if hasattr(benchlib, "busy_warning") else None
+    if warning:
+        print(f"warning: {warning}\n")
+    table = run(quick=args.quick)
+    print(f"### {table.title}\n")
+    print(table.markdown())
+    for note in table.notes:
+        print(f"\n{note}")

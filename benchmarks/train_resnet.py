@@ -6,13 +6,13 @@ _torch_models.py. The loss agreement is read against PyTorch's own spread: torch
 nudged by 1e-6.
 
     python benchmarks/train_resnet.py [--quick]
+    python benchmarks/train_resnet.py --profile [--graph]   # where singa's step time goes, by kernel
 """
 
 from __future__ import annotations
 
 import _trainbench
 
-import benchlib
 from benchlib import Table, torch
 from singa import layer, model
 
@@ -93,6 +93,7 @@ def spec(batch: int = BATCH) -> _trainbench.Spec:
         make_torch=make_torch,
         sample_shape=(3, 32, 32),
         batch=batch,
+        timing=(2, 5, 3),
     )
 
 
@@ -102,4 +103,4 @@ def run(quick: bool = False) -> Table:
 
 
 if __name__ == "__main__":
-    benchlib.main(run)
+    _trainbench.main(run, spec)

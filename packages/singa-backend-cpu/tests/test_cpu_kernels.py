@@ -313,13 +313,16 @@ def test_elementwise_rejects_mismatched_dtypes_and_shapes():
         K["add"](empty((3,), np.float32), put(np.ones(3, np.float32)), put(np.ones(4, np.float32)))
 
 
-def test_integer_division_by_zero_is_zero_and_truncates():
-    a = np.array([7, -7, 7, -7, 5, 0], np.int32)
-    b = np.array([2, 2, -2, -2, 0, 0], np.int32)
-    for name, ref in [("div", [3, -3, -3, 3, 0, 0]), ("fmod", [1, -1, 1, -1, 0, 0]), ("mod", [1, 1, -1, -1, 0, 0])]:
-        out = empty(a.shape, np.int32)
+@pytest.mark.parametrize("dt", [np.int32, np.int64])
+def test_integer_division_by_zero_is_zero_and_truncates(dt):
+    low = np.iinfo(dt).min  # low / -1 overflows: it wraps like numpy instead of trapping (SIGFPE) on x86
+    a = np.array([7, -7, 7, -7, 5, 0, low, low], dt)
+    b = np.array([2, 2, -2, -2, 0, 0, -1, 1], dt)
+    for name, ref in [("div", [3, -3, -3, 3, 0, 0, low, low]), ("fmod", [1, -1, 1, -1, 0, 0, 0, 0]),
+                      ("mod", [1, 1, -1, -1, 0, 0, 0, 0])]:
+        out = empty(a.shape, dt)
         K[name](out, put(a), put(b))
-        np.testing.assert_array_equal(get(out), ref, err_msg=name)
+        np.testing.assert_array_equal(get(out), np.array(ref, dt), err_msg=name)
 
 
 def test_nan_and_inf_semantics():
@@ -486,6 +489,26 @@ def test_matmul(dt, ta, tb, batches):
         close(get(out), 0.5 * product - 2.0 * c.astype(np.float64), dt, **tol)
 
 
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize(("batch", "ba", "bb", "m", "n", "k"), [
+    (1, 1, 1, 300, 120, 90),  # split by rows
+    (1, 1, 1, 70, 400, 90),  # split by columns
+    (8, 8, 8, 64, 64, 64),  # whole products per thread
+    (8, 1, 8, 64, 48, 64),
+    (3, 3, 1, 100, 100, 100),  # batch folded into rows when a is not transposed
+])
+def test_matmul_threaded_paths(ta, tb, batch, ba, bb, m, n, k):
+    a = sample(np.float32, (ba, k, m) if ta else (ba, m, k))
+    b = sample(np.float32, (bb, n, k) if tb else (bb, k, n))
+    c = sample(np.float32, (batch, m, n))
+    A = np.swapaxes(a, 1, 2) if ta else a
+    B = np.swapaxes(b, 1, 2) if tb else b
+    out = put(c)
+    K["matmul"](out, put(a), put(b), trans_a=ta, trans_b=tb, alpha=1.5, beta=0.5)
+    close(get(out), 1.5 * np.matmul(A.astype(np.float64), B) + 0.5 * c, np.float32, rtol=1e-4, atol=1e-4)
+
+
 def test_matmul_edges():
     # k == 0 gives zeros (beta == 0 never reads the output, even when it holds NaN)
     out = put(np.full((1, 3, 4), np.nan, np.float32))
@@ -557,6 +580,12 @@ CONV_CASES = [
     (40, 3, 8, 8, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # small images batched into one product
     (2, 6, 6, 6, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),  # depthwise
     (1, 2, 3, 3, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),  # kernel larger than the input
+    # large enough for threads to take whole images, each with its own scratch (and its own dw sum)
+    (8, 8, 16, 16, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (64, 4, 6, 6, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # ... small images batched within each thread
+    (16, 32, 8, 8, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # ... pointwise, batched
+    (4, 16, 32, 32, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # ... pointwise, read in place
+    (3, 16, 20, 20, 24, 3, 3, (2, 2), (1, 0, 2, 1), (2, 1), 1),  # ... more threads than images would be idle
 ]
 
 

@@ -10,6 +10,12 @@ import scipy_openblas32
 
 from singa.backend import Device
 
+# How long an idle OpenMP thread busy-waits for the next parallel region before sleeping. libgomp's default (300,000
+# spins, about a millisecond) assumes the cores are ours alone; on a shared machine the spinning threads take the time
+# the working ones need (a 1 ms convolution took 6 ms). A short spin keeps back-to-back regions cheap without that.
+# libgomp reads it once, when the extension loads it; a user's own setting wins.
+DEFAULT_GOMP_SPINCOUNT = "1000"
+
 
 def _load_kernels():
     """The compiled extension's (ffi, lib), with scipy-openblas32's library loaded first, its symbols global.
@@ -17,6 +23,8 @@ def _load_kernels():
     The extension's rpath ($ORIGIN/../scipy_openblas32/lib) finds OpenBLAS in a normal install; an editable install
     keeps the extension in the source tree, where only this preload does.
     """
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = DEFAULT_GOMP_SPINCOUNT
     path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # stays loaded for the life of the process
     from singa_backend_cpu import _kernels

@@ -194,7 +194,11 @@ class Operator:
             d["_init_keys"] = frozenset(d) | {"_init_keys"}
         record = training
         d.pop("_released", None)  # an instance may be called again (layers keep theirs)
-        d["_req"] = tuple(x.requires_grad for x in xs)
+        # An input needs a gradient when it requires one and someone will consume it: a stored leaf (parameter) or
+        # an operator's output. A leaf that only requires grad (an input batch) gets none: nothing would read it,
+        # and skipping it saves e.g. the first convolution's backward-data pass.
+        d["_req"] = tuple(x.requires_grad and (x.stores_grad or not (x.creator is None or x.creator.__class__ is Dummy))
+                          for x in xs)
         self.requires_grad = record and any(d["_req"])
         if record:
             src, meta = [], []

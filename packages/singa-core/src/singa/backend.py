@@ -342,9 +342,25 @@ class Device:
         self.rng_offset += (n + 3) & ~3
         return off
 
-    # -- SINGA's verbosity / profiling hooks -----------------------------------------------------------------------
+    # -- SINGA's verbosity / time profiling of graph-mode steps (kept in singa.profiling) ---------------------------
     def SetVerbosity(self, verbosity: int) -> None:
         self.verbosity = verbosity
+
+    def SetSkipIteration(self, skip: int) -> None:
+        from singa import profiling
+
+        profiling.set_skip_iteration(self, skip)
+
+    def PrintTimeProfiling(self) -> None:
+        from singa import profiling
+
+        profiling.print_time_profiling(self)
+
+    def export_chrome_trace(self, path) -> None:
+        """Write the profiled steps as Chrome trace JSON (chrome://tracing, Perfetto)."""
+        from singa import profiling
+
+        profiling.export_chrome_trace(self, path)
 
 
 def _span(view) -> tuple[int, int]:

@@ -175,23 +175,3 @@ def export_chrome_trace(device: Device, path: str | os.PathLike) -> None:
     """Write the timed kernel calls of `device` as Chrome trace JSON (open with chrome://tracing or Perfetto)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(profiler(device).chrome_trace(), f)
-
-
-# SINGA's device spellings. Device (singa.backend) does not define them itself; they are added here once, unless a
-# later Device grows its own.
-def _device_print(self: Device) -> None:
-    print_time_profiling(self)
-
-
-def _device_skip(self: Device, skip: int) -> None:
-    set_skip_iteration(self, skip)
-
-
-def _device_trace(self: Device, path: str | os.PathLike) -> None:
-    export_chrome_trace(self, path)
-
-
-for _name, _fn in (("PrintTimeProfiling", _device_print), ("SetSkipIteration", _device_skip),
-                   ("export_chrome_trace", _device_trace)):
-    if not hasattr(Device, _name):
-        setattr(Device, _name, _fn)

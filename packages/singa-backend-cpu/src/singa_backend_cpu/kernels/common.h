@@ -55,7 +55,16 @@ static inline int sg_threads_for(int64_t work, int64_t grain) {
     return useful < T ? (int)useful : T;
 }
 
-/* Run CALL over [lo_, hi_) ranges of n items: on this thread when small, else split over the OpenMP pool. */
+/* Chunk of a split loop: about 8 per thread, never below half the loop's parallel threshold, whole cache lines. */
+static inline int64_t sg_dyn_chunk(int64_t n, int T, int64_t thresh) {
+    int64_t c = n / (8 * (int64_t)T);
+    if (c < thresh / 2) c = thresh / 2;
+    return (c + 63) & ~(int64_t)63;
+}
+
+/* Run CALL over [lo_, hi_) ranges of n items: on this thread when small, else in chunks handed out to the OpenMP pool
+ * as threads come free, so that a thread the OS has descheduled does not hold up the whole loop (element-wise results
+ * do not depend on which thread computes them). */
 #define SG_SPLIT(n, thresh, CALL)                                                                   \
     do {                                                                                            \
         int64_t n_ = (n);                                                                           \
@@ -64,9 +73,10 @@ static inline int sg_threads_for(int64_t work, int64_t grain) {
             int64_t lo_ = 0, hi_ = n_;                                                              \
             CALL;                                                                                   \
         } else {                                                                                    \
-            _Pragma("omp parallel num_threads(T_)") {                                               \
-                int t_ = omp_get_thread_num(), nt_ = omp_get_num_threads();                         \
-                int64_t lo_ = sg_chunk(n_, t_, nt_), hi_ = sg_chunk(n_, t_ + 1, nt_);               \
+            const int64_t ch_ = sg_dyn_chunk(n_, T_, (thresh)), nc_ = (n_ + ch_ - 1) / ch_;         \
+            _Pragma("omp parallel for schedule(dynamic, 1) num_threads(T_)")                        \
+            for (int64_t c_ = 0; c_ < nc_; c_++) {                                                  \
+                int64_t lo_ = c_ * ch_, hi_ = sg_min64(n_, lo_ + ch_);                              \
                 CALL;                                                                               \
             }                                                                                       \
         }                                                                                           \

@@ -1,0 +1,11 @@
+"""Operator handlers, one module per family; importing this package fills the operator table (singa_onnx.registry)."""
+
+from singa_onnx.ops import (  # noqa: F401 - imported for their registrations
+    cast,
+    elementwise,
+    indexing,
+    logic,
+    math,
+    reduce,
+    shape,
+)

@@ -1,0 +1,64 @@
+"""SingaRep: a prepared ONNX model bound to a device (onnx.backend.base.BackendRep)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnx.backend.base import BackendRep
+
+from singa.backend import Device
+from singa.tensor import Tensor
+from singa_onnx.ops._common import host_to_tensor
+from singa_onnx.runtime import ImportedGraph, Runtime, to_numpy_output
+
+
+class SingaRep(BackendRep):
+    """The result of `prepare`: `run(inputs, last_layers=-1)` returns the outputs as a list.
+
+    Inputs are singa Tensors (on the rep's device) or numpy arrays, as a list in the order of the graph inputs or a
+    dict by name; the batch size may change from call to call. Outputs are singa Tensors when any input was a Tensor
+    (so `autograd` can follow them), else numpy arrays of the types the model declares.
+
+    `tensor_map` holds the model's float initializers as Tensors on the device (the earlier API trains them by setting
+    `requires_grad` / `stores_grad` on these tensors).
+    """
+
+    def __init__(self, imported: ImportedGraph, device: Device, tensor_map: dict[str, Tensor]):
+        self.imported = imported
+        self.device = device
+        self.tensor_map = tensor_map
+        self.inputs = list(imported.inputs)
+        self.outputs = list(imported.outputs)
+
+    @property
+    def model(self) -> Any:
+        return self.imported.proto
+
+    @property
+    def layers(self) -> list:
+        """The nodes, in the order they run (`last_layers` counts them from the end)."""
+        return list(self.imported.program.nodes)
+
+    def run(self, inputs: Any, last_layers: int = -1, aux_output: Any = (), all_outputs: bool = False,
+            **kwargs: Any) -> list:
+        """Run the model. `last_layers=-1` runs every node; -2 stops after the second-to-last node and returns that
+        node's outputs (for transfer learning); `aux_output` adds named intermediate values after the outputs;
+        `all_outputs=True` returns {name: value} of everything computed."""
+        imp = self.imported
+        feeds, as_tensors = imp.feed(inputs, self.device)
+        rt = Runtime(self.device, self.tensor_map, training=False)
+        outs, names, vals = imp.run(rt, feeds, last_layers, aux_output, all_outputs)
+        if all_outputs:
+            return {k: self._out(v, k, as_tensors) for k, v in vals.items()}
+        return [self._out(v, n, as_tensors) for v, n in zip(outs, names)]
+
+    def _out(self, v: Any, name: str, as_tensors: bool) -> Any:
+        if as_tensors:
+            if isinstance(v, Tensor) or v is None:
+                return v
+            if isinstance(v, list):
+                return [self._out(e, name, True) for e in v]
+            if getattr(v, "dtype", None) is not None and v.dtype != object:
+                return host_to_tensor(v, self.device)
+            return v
+        return to_numpy_output(v, self.imported.types.get(name))

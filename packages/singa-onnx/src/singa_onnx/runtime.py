@@ -1,0 +1,486 @@
+"""Turning an ONNX graph into a runnable program, and running it.
+
+`build_program(model)` validates the model, infers value types, checks every node (subgraphs included) against the
+operator table and collects *all* unsupported nodes before failing. A `Program` is the list of nodes in ONNX order with
+their handlers; `execute` runs it on a `Runtime` (device, training flag, parameter tensors), keeping each intermediate
+value only until its last use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, helper, numpy_helper
+
+from singa import autograd, ops
+from singa.backend import Device
+from singa.tensor import Tensor
+from singa_onnx import onnx_types as ot
+from singa_onnx.errors import NodeError, UnsupportedOperatorError
+from singa_onnx.registry import lookup
+
+OLDEST_OPSET = 1
+
+
+class OnnxAttributes(dict):
+    """A node's attributes as plain Python values (SINGA's name for this mapping)."""
+
+    @classmethod
+    def from_onnx(cls, args: Iterable[AttributeProto]) -> OnnxAttributes:
+        d = cls()
+        for a in args:
+            d[a.name] = _attr_value(a)
+        return d
+
+
+def _attr_value(a: AttributeProto) -> Any:
+    if a.type == AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if a.type == AttributeProto.TENSORS:
+        return [numpy_helper.to_array(t) for t in a.tensors]
+    if a.type == AttributeProto.GRAPH:
+        return a.g
+    if a.type == AttributeProto.GRAPHS:
+        return list(a.graphs)
+    if a.type == AttributeProto.SPARSE_TENSOR:
+        return _sparse_to_dense(a.sparse_tensor)
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode("utf-8") for s in v]
+    return v
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sp.values)
+    idx = numpy_helper.to_array(sp.indices)
+    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
+    if idx.ndim == 1:  # linear positions
+        dense.reshape(-1)[idx] = values
+    else:
+        dense[tuple(idx.T)] = values
+    return dense
+
+
+class OnnxNode:
+    """One ONNX node, ready to run: attributes decoded, value types attached, handler looked up, subgraphs built."""
+
+    def __init__(self, proto: onnx.NodeProto, index: int, importer: Importer):
+        self.proto = proto
+        self.op_type = proto.op_type
+        self.domain = proto.domain if proto.domain not in ("", "ai.onnx") else ""
+        self.name = proto.name or f"{proto.op_type}_{index}"
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.opset = importer.opset(self.domain)
+        self.attrs = OnnxAttributes.from_onnx(proto.attribute)
+        self.in_types = [importer.types.get(n) if n else None for n in self.inputs]
+        self.out_types = [importer.types.get(n) if n else None for n in self.outputs]
+        self.entry = lookup(self.domain, self.op_type, self.opset)
+        self.rt: Runtime | None = None  # set while the node runs
+        self.subgraphs: dict[str, Any] = {}
+        for k, v in list(self.attrs.items()):
+            if isinstance(v, GraphProto):
+                self.subgraphs[k] = Program(v, importer, self.name)
+            elif isinstance(v, list) and v and isinstance(v[0], GraphProto):
+                self.subgraphs[k] = [Program(g, importer, self.name) for g in v]
+        self.uses = [n for n in self.inputs if n]
+        for sub in self.subgraphs.values():
+            for p in sub if isinstance(sub, list) else [sub]:
+                self.uses.extend(p.free)
+        self.scratch: dict = {}  # per-node cache a handler may use (e.g. device copies of constants)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    getattr = attr  # SINGA's OnnxNode spelling
+
+    def __repr__(self) -> str:
+        return f"OnnxNode({self.name!r}, {self.op_type}, opset {self.opset})"
+
+
+class Importer:
+    """Prepare-time context: opsets, value types and the list of problems found so far."""
+
+    def __init__(self, model: ModelProto):
+        self.model = model
+        self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
+        self.types: dict[str, int] = {}
+        self.problems: list[tuple[str, str, str]] = []
+        self._collect_types(model)
+
+    def opset(self, domain: str) -> int:
+        v = self.opsets.get(domain)
+        if v is None:
+            v = self.opsets.get("", onnx.defs.onnx_opset_version()) if domain == "" else 1
+        return v
+
+    def _collect_types(self, model: ModelProto) -> None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is best effort: declared types remain
+            inferred = model
+        for m in (inferred, model):  # declared types win over inferred ones
+            self._graph_types(m.graph)
+
+    def _graph_types(self, g: GraphProto) -> None:
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            t = _elem_type(vi.type)
+            if t:
+                self.types[vi.name] = t
+        for init in g.initializer:
+            self.types[init.name] = init.data_type
+        for node in g.node:
+            if node.op_type == "Constant" and node.output:
+                for a in node.attribute:
+                    if a.type == AttributeProto.TENSOR:
+                        self.types[node.output[0]] = a.t.data_type
+            for a in node.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    self._graph_types(a.g)
+                elif a.type == AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        self._graph_types(sub)
+
+
+def _elem_type(tp: onnx.TypeProto) -> int:
+    """The element type of a tensor type, or of the tensors inside a sequence / optional type (0 if unknown)."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return tp.tensor_type.elem_type
+    if kind == "sequence_type":
+        return _elem_type(tp.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _elem_type(tp.optional_type.elem_type)
+    if kind == "sparse_tensor_type":
+        return tp.sparse_tensor_type.elem_type
+    return 0
+
+
+class Program:
+    """A graph ready to run: its nodes in order, its inputs, outputs and initializers."""
+
+    def __init__(self, graph: GraphProto, importer: Importer, owner: str = ""):
+        self.graph = graph
+        self.name = graph.name
+        self.initializers: dict[str, np.ndarray] = {}
+        for t in graph.initializer:
+            self.initializers[t.name] = numpy_helper.to_array(t)
+        for sp in graph.sparse_initializer:
+            self.initializers[sp.values.name] = _sparse_to_dense(sp)
+        self.inputs = [vi.name for vi in graph.input if vi.name not in self.initializers]
+        self.all_inputs = [vi.name for vi in graph.input]
+        self.outputs = [vi.name for vi in graph.output]
+        self.types = {n: importer.types.get(n) for n in self.all_inputs + self.outputs}
+        self.nodes = [OnnxNode(n, i, importer) for i, n in enumerate(graph.node)]
+        for node in self.nodes:
+            self._check(node, importer)
+        produced = set(self.all_inputs) | set(self.initializers)
+        free: list[str] = []
+        for node in self.nodes:
+            for n in node.uses:
+                if n not in produced and n not in free:
+                    free.append(n)
+            produced.update(o for o in node.outputs if o)
+        free.extend(n for n in self.outputs if n not in produced and n not in free)
+        self.free = free  # names this graph reads from enclosing graphs
+        self._plan_lifetimes()
+
+    @staticmethod
+    def _check(node: OnnxNode, importer: Importer) -> None:
+        if node.entry is None:
+            from singa_onnx.registry import known
+
+            have = known(node.domain, node.op_type)
+            if have:
+                ranges = ", ".join(f"{e.since}-{e.until or 'newest'}" for e in have)
+                why = f"opset {node.opset} is not implemented (implemented: {ranges})"
+            elif node.domain:
+                why = f"operator {node.domain}.{node.op_type} is not implemented"
+            else:
+                why = "operator is not implemented"
+            importer.problems.append((node.name, node.op_type, why))
+            return
+        for n, t in list(zip(node.inputs, node.in_types)) + list(zip(node.outputs, node.out_types)):
+            if n and not ot.supported(t):
+                importer.problems.append((node.name, node.op_type, f"value {n!r} has type {ot.name(t)}, which SINGA "
+                                          "cannot hold"))
+                return
+
+    def _plan_lifetimes(self) -> None:
+        last: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            for n in node.uses:
+                last[n] = i
+        self.release: list[list[str]] = [[] for _ in self.nodes]
+        keep = set(self.outputs)
+        for n, i in last.items():
+            if n not in keep:
+                self.release[i].append(n)
+
+    def value_names(self) -> list[str]:
+        names = list(self.all_inputs) + list(self.initializers)
+        for node in self.nodes:
+            names.extend(o for o in node.outputs if o)
+        return names
+
+
+def build_program(model: ModelProto) -> Program:
+    """The model's main graph as a Program; raises UnsupportedOperatorError listing every problem."""
+    importer = Importer(model)
+    prog = Program(model.graph, importer)
+    for vi in model.graph.input:
+        t = importer.types.get(vi.name)
+        if not ot.supported(t):
+            importer.problems.append((vi.name, "graph input", f"type {ot.name(t)} cannot be held by SINGA"))
+    if importer.problems:
+        raise UnsupportedOperatorError(importer.problems)
+    prog.importer = importer
+    return prog
+
+
+class Runtime:
+    """What a run needs besides the values: the device, whether the model is being trained, parameter tensors."""
+
+    def __init__(self, device: Device, params: dict[str, Tensor] | None = None, training: bool = False):
+        self.device = device
+        self.params = params if params is not None else {}
+        self.training = training  # dropout and batch statistics active (imported models being trained)
+        self.const_cache: dict[tuple, Tensor] = {}
+
+    @property
+    def recording(self) -> bool:
+        """Whether autograd records (gradients wanted)."""
+        return autograd.training
+
+
+class _Scope:
+    __slots__ = ("vals", "parent")
+
+    def __init__(self, vals: dict, parent: _Scope | None):
+        self.vals = vals
+        self.parent = parent
+
+    def get(self, name: str) -> Any:
+        s = self
+        while s is not None:
+            if name in s.vals:
+                return s.vals[name]
+            s = s.parent
+        raise KeyError(name)
+
+
+def execute(prog: Program, rt: Runtime, feeds: dict[str, Any], parent: _Scope | None = None, stop: int | None = None,
+            keep: Iterable[str] = ()) -> dict[str, Any]:
+    """Run nodes[:stop] of prog; returns the values of its outputs (or of everything in `keep`) by name."""
+    vals: dict[str, Any] = {}
+    for name, arr in prog.initializers.items():
+        p = rt.params.get(name) if parent is None else None
+        vals[name] = p if p is not None else arr
+    vals.update(feeds)
+    scope = _Scope(vals, parent)
+    keep = set(keep)
+    nodes = prog.nodes if stop is None else prog.nodes[:stop]
+    for i, node in enumerate(nodes):
+        args = []
+        for n in node.inputs:
+            if not n:
+                args.append(None)
+                continue
+            try:
+                args.append(scope.get(n))
+            except KeyError:
+                raise NodeError(f"node {node.name!r} ({node.op_type}): input {n!r} has no value (not a graph input, "
+                                "initializer or earlier output)") from None
+        outs = run_node(node, args, rt, scope)
+        for n, v in zip(node.outputs, outs):
+            if n:
+                vals[n] = v
+        if stop is None:
+            for n in prog.release[i]:
+                if n not in keep:
+                    vals.pop(n, None)
+    return vals
+
+
+def run_node(node: OnnxNode, args: list, rt: Runtime, scope: _Scope | None = None) -> tuple:
+    entry = node.entry
+    prev = node.rt, getattr(node, "scope", None)
+    node.rt, node.scope = rt, scope
+    try:
+        if entry.host is not None and args and all(a is None or isinstance(a, np.ndarray) for a in args) and any(
+                a is not None for a in args):
+            out = entry.host(node, args, node.opset)
+        else:
+            out = entry.handler(node, args, node.opset)
+    except (NodeError, UnsupportedOperatorError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure is re-raised naming the node at fault
+        shapes = ", ".join(_describe(a) for a in args)
+        raise NodeError(f"node {node.name!r} ({node.op_type}, opset {node.opset}) failed on inputs [{shapes}]: "
+                        f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        node.rt, node.scope = prev
+    if not isinstance(out, tuple):
+        out = (out,)
+    return out
+
+
+def _describe(a: Any) -> str:
+    if isinstance(a, Tensor):
+        from singa import dtypes
+
+        return f"Tensor{a.shape} {dtypes.name(a.dtype)}"
+    if isinstance(a, np.ndarray):
+        return f"array{a.shape} {a.dtype}"
+    if a is None:
+        return "None"
+    if isinstance(a, list):
+        return f"sequence of {len(a)}"
+    return type(a).__name__
+
+
+@contextlib.contextmanager
+def no_grad():
+    prev = autograd.training
+    autograd.training = False
+    try:
+        yield
+    finally:
+        autograd.training = prev
+
+
+def to_numpy_output(v: Any, t: int | None) -> Any:
+    """A value as numpy in ONNX type t (sequences element-wise)."""
+    if isinstance(v, list):
+        return [to_numpy_output(e, t) for e in v]
+    if v is None:
+        return None
+    arr = ops.to_numpy(v) if isinstance(v, Tensor) else np.asarray(v)
+    return ot.wrap_host(arr, t) if t is not None else arr
+
+
+# -- the model-level wrapper shared by SingaRep and SONNXModel --------------------------------------------------------
+
+
+class ImportedGraph:
+    """A validated, checked, built model: its program, and which initializers are parameters, states or constants."""
+
+    def __init__(self, model: Any, base_dir: str | None = None, check: bool = True):
+        from singa_onnx import checker
+
+        proto, base_dir = checker.load_model(model, base_dir)
+        proto = checker.load_external(proto, base_dir)
+        if check:
+            checker.check(proto)
+        self.proto = proto
+        self.program = build_program(proto)
+        self.types = self.program.importer.types
+        self.kinds = self._classify()
+
+    def _classify(self) -> dict[str, str]:
+        """'param' for float initializers read as data by some node, 'state' for running statistics, else 'const'."""
+        prog = self.program
+        kinds = dict.fromkeys(prog.initializers, "const")
+        for node in prog.nodes:
+            for i, n in enumerate(node.inputs):
+                if n not in kinds or node.entry is None:
+                    continue
+                arr = prog.initializers[n]
+                if arr.dtype.kind != "f":
+                    continue
+                if i in node.entry.states:
+                    kinds[n] = "state"
+                elif i not in node.entry.static and kinds[n] == "const":
+                    kinds[n] = "param"
+        return kinds
+
+    @property
+    def inputs(self) -> list[str]:
+        return self.program.inputs
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.program.outputs
+
+    def feed(self, values: Any, dev: Device) -> tuple[dict[str, Any], bool]:
+        """{input name: value} from a list/tuple/dict/single value; True when any input was a singa Tensor."""
+        names = self.program.inputs
+        if isinstance(values, dict):
+            items = list(values.items())
+            unknown = [k for k, _ in items if k not in names]
+            if unknown:
+                raise ValueError(f"unknown model input(s) {unknown}; the inputs are {names}")
+        else:
+            if isinstance(values, (Tensor, np.ndarray)) or np.isscalar(values):
+                values = [values]
+            values = list(values)
+            if len(values) > len(names):
+                raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
+            if len(values) < len(names):
+                raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
+            items = list(zip(names, values))
+        feeds: dict[str, Any] = {}
+        any_tensor = False
+        for name, v in items:
+            t = self.types.get(name)
+            if isinstance(v, Tensor):
+                any_tensor = True
+                if v.device is not dev:
+                    raise ValueError(f"input {name!r} is on {v.device.name} but the model runs on {dev.name} "
+                                     "(move it with to_device first)")
+                if t in ot.INT_TYPES | {ot.F.BOOL} and v.dtype != ot.storage(t):
+                    v = ops.cast(v, ot.storage(t))
+                feeds[name] = v
+            elif isinstance(v, list):
+                feeds[name] = [self._to_device(np.asarray(e), t, dev) for e in v]
+            elif v is None:
+                feeds[name] = None
+            else:
+                feeds[name] = self._to_device(np.asarray(v), t, dev)
+        return feeds, any_tensor
+
+    @staticmethod
+    def _to_device(arr: np.ndarray, t: int | None, dev: Device) -> Any:
+        if arr.dtype == object or arr.dtype.kind in "SU" or t == ot.F.STRING:
+            return arr  # strings stay on the host
+        if t and t in ot.INT_TYPES | ot.FLOAT_TYPES | {ot.F.BOOL}:
+            code = ot.storage(t)
+        else:
+            code = ot.storage(ot.from_np(arr.dtype))
+        from singa_onnx.ops._common import host_to_tensor
+
+        return host_to_tensor(arr, dev, code)
+
+    def stop_index(self, last_layers: int) -> int | None:
+        n = len(self.program.nodes)
+        if last_layers is None or last_layers == -1:
+            return None
+        if not isinstance(last_layers, (int, np.integer)) or last_layers >= 0 or n + last_layers + 1 < 1:
+            raise ValueError(f"last_layers must be a negative integer from -1 (the whole model) to -{n} (only the "
+                             f"first node), got {last_layers!r}")
+        return n + int(last_layers) + 1
+
+    def run(self, rt: Runtime, feeds: dict[str, Any], last_layers: int = -1, aux_output: Iterable[str] = (),
+            all_outputs: bool = False) -> tuple[list[Any], list[str], dict[str, Any]]:
+        """(outputs, their names, every kept value) of one run."""
+        stop = self.stop_index(last_layers)
+        aux = [aux_output] if isinstance(aux_output, str) else list(aux_output)
+        prog = self.program
+        if stop is None:
+            names = list(prog.outputs)
+        else:
+            names = [o for o in prog.nodes[stop - 1].outputs if o]
+        keep = set(names) | set(aux)
+        vals = execute(prog, rt, feeds, stop=stop if stop is not None else None, keep=keep)
+        if all_outputs:
+            return [vals[n] for n in names], names, vals
+        missing = [n for n in list(names) + aux if n not in vals]
+        if missing:
+            raise ValueError(f"no value named {missing} in the model (aux_output names must be ONNX value names)")
+        return [vals[n] for n in names + aux], names + aux, vals
