@@ -48,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="folder with the original MNIST IDX files (train-images-idx3-ubyte[.gz] ...) to use instead")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training and held-out images")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a smoke run)")
+    p.add_argument("--no-onnx", action="store_true",
+                   help="skip the ONNX round trip (export, onnxruntime check, re-import with sonnx)")
     p.add_argument("--min-accuracy", type=float, default=None,
                    help="exit with status 1 when the final held-out accuracy is below this (default: 0.95 for a "
                         "full run on the digits, 0 with --mnist, --limit or --max-steps)")
@@ -198,6 +200,17 @@ def save(m, hist: dict, out: Path) -> dict[str, Path]:
     return paths
 
 
+def onnx_round_trip(m, dev, x_test: np.ndarray, y_test: np.ndarray, out: Path) -> bool:
+    """Export the trained CNN to ONNX, run it in onnxruntime and import it back with sonnx (onnx_roundtrip.py);
+    False when their outputs differ from SINGA's. Skipped, with a note, where singa-onnx is not installed."""
+    try:
+        import onnx_roundtrip
+    except ImportError as exc:
+        print(f"ONNX round trip skipped: {exc} (pip install singa-onnx onnxruntime)")
+        return True
+    return onnx_roundtrip.run(m, dev, x_test, y_test, out)["ok"]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     dev = device.get_device(args.device) if args.device else device.get_default_device()
@@ -222,6 +235,9 @@ def main(argv=None) -> int:
           f"total {time.perf_counter() - t0:.1f} s")
     for what, p in paths.items():
         print(f"{what}: {p}")
+    if not args.no_onnx and not onnx_round_trip(m, dev, x_test, arrays[3], args.out):
+        print("FAILED: the exported ONNX model's outputs differ from SINGA's", file=sys.stderr)
+        return 1
     if acc < args.min_accuracy:
         print(f"FAILED: held-out accuracy {acc:.4f} is below {args.min_accuracy}", file=sys.stderr)
         return 1

@@ -110,7 +110,7 @@ def test_threads_setting_round_trips():
         singa_backend_cpu.set_num_threads(2)
         two = empty((), np.float32)
         K["reduce_sum"](two, put(x), axes=(0,))
-        close(get(one), get(two), np.float32, rtol=1e-6)
+        assert get(one) == get(two)  # partial sums are combined in a fixed order: the same bits either way
     finally:
         singa_backend_cpu.set_num_threads(before)
     with pytest.raises(ValueError, match="at least 1"):

@@ -485,8 +485,9 @@ _REDUCE_OPS = {"reduce_sum": "sum", "reduce_mean": "mean", "reduce_max": "max", 
 
 
 def _reduction_shape(x, reduced: set) -> tuple:
-    """(view, outer, len, inner) with the reduced elements of each output at stride `inner`: neighbouring axes of one
-    role merge; reduced axes that are not neighbours are gathered behind the kept ones by a copy."""
+    """(view, outer, len, inner) with the reduced elements of each output at stride `inner`, or (x, A, K, B, "mid")
+    for x seen as (A, K, B) reduced over A and B. Neighbouring axes of one role merge; other layouts of the reduced
+    axes are gathered behind the kept ones by a copy."""
     groups: list = []
     for d, s in enumerate(x.shape):
         if s == 1:
@@ -504,6 +505,8 @@ def _reduction_shape(x, reduced: set) -> tuple:
         return x, 1, sizes[0], sizes[1]
     if roles == [False, True, False]:
         return x, sizes[0], sizes[1], sizes[2]
+    if roles == [True, False, True]:
+        return x, sizes[0], sizes[1], sizes[2], "mid"
     order = [d for d in range(len(x.shape)) if d not in reduced] + sorted(reduced)
     shape = tuple(x.shape[d] for d in order)
     moved = View(x.buffer, x.dtype, shape, tuple(x.strides[d] for d in order), x.offset)
@@ -537,9 +540,14 @@ def _make_reduce(name: str) -> Callable:
         count = math.prod(x.shape[d] for d in reduced)
         if count == 0 and op in ("max", "min"):
             raise _shape_error(name, (out, x), f"axes {tuple(axes)} (an empty reduction has no extreme)")
-        view, outer, length, inner = _reduction_shape(x, reduced)
+        view, outer, length, inner, *mid = _reduction_shape(x, reduced)
         prog = f"reduce:{SUFFIX[x.dtype]}:{SUFFIX[out.dtype]}"
         xh, oh = view.buffer.handle.arg, out.buffer.handle.arg
+        if mid:
+            dev.launch(dev.kernel(prog, f"sg_red_{op}_mid"), length * dev.wg,
+                       (I64(outer), I64(length), I64(inner), xh, I64(view.offset), oh, I64(out.offset),
+                        dev.wg * _acc_size(dev, x.dtype)))
+            return
         if inner == 1 and length >= 256:
             wg = dev.wg
             # segments per row: enough work-groups to fill the device, each still a few rounds of work-items
@@ -759,14 +767,11 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
 
 def _conv2d_f32(g: _Geometry, y, x, w, b) -> None:
     dev = y.buffer.device
-    n_y = g.N * g.K * g.ohw
     if g.ckk == 0:  # nothing to correlate: the bias alone
         if b is None:
             _fill(y, 0.0)
         else:
-            dev.launch(dev.kernel("conv", "sg_conv_bias"), n_y, (I64(n_y), I64(g.K), I64(g.ohw), y.buffer.handle.arg,
-                                                                 I64(y.offset), b.buffer.handle.arg, I64(b.offset),
-                                                                 I32(1)))
+            _conv_bias(dev, g, y, b, 1)
         return
     nb = g.chunk(g.rows * g.ohw)
     col = None if g.pointwise else dev.alloc(nb * g.rows * g.ohw * 4)
@@ -781,13 +786,18 @@ def _conv2d_f32(g: _Geometry, y, x, w, b) -> None:
                     y.offset + ((n0 + i) * g.K + gi * g.Kg) * g.ohw) for i in range(cnt) for gi in range(g.G)]
         _sgemm(dev, w.buffer.handle, src, y.buffer.handle, g.Kg, g.ohw, g.ckk, False, False, 1.0, 0.0, offsets)
     if b is not None:
-        dev.launch(dev.kernel("conv", "sg_conv_bias"), n_y, (I64(n_y), I64(g.K), I64(g.ohw), y.buffer.handle.arg,
-                                                             I64(y.offset), b.buffer.handle.arg, I64(b.offset),
-                                                             I32(0)))
+        _conv_bias(dev, g, y, b, 0)
+
+
+def _conv_bias(dev, g: _Geometry, y, b, set_: int) -> None:
+    rows = g.N * g.K
+    dev.launch(dev.kernel("conv", "sg_conv_bias"), rows, (I64(rows), I64(g.K), I64(g.ohw), y.buffer.handle.arg,
+                                                          I64(y.offset), b.buffer.handle.arg, I64(b.offset),
+                                                          I32(set_)))
 
 
 def _im2col(dev, g: _Geometry, x, n0: int, nb: int, col, col_sn: int, col_sr: int) -> None:
-    total = nb * g.rows * g.ohw
+    total = nb * g.rows * g.OH  # one work-item per output row of each unfolded row
     dev.launch(dev.kernel("conv", "sg_im2col"), total,
                (g.packed, I64(n0), I64(nb), x.buffer.handle.arg, I64(x.offset), col.handle.arg, I64(0), I64(col_sn),
                 I64(col_sr)))
@@ -823,7 +833,7 @@ def _conv_bwd_data_f32(g: _Geometry, dx, dy, w) -> None:
                     base + (i * g.rows + gi * g.ckk) * g.ohw) for i in range(cnt) for gi in range(g.G)]
         _sgemm(dev, w.buffer.handle, dy.buffer.handle, target, g.ckk, g.ohw, g.Kg, True, False, 1.0, 0.0, offsets)
         if not g.pointwise:
-            total = cnt * g.C * g.hw
+            total = cnt * g.C * g.H  # one work-item per row of dx
             dev.launch(dev.kernel("conv", "sg_col2im"), total,
                        (g.packed, I64(n0), I64(cnt), col.handle.arg, I64(0), I64(g.rows * g.ohw), I64(g.ohw),
                         dx.buffer.handle.arg, I64(dx.offset)))
@@ -858,8 +868,9 @@ def _conv_bwd_weight_f32(g: _Geometry, dw, dy, x) -> None:
         # unfolded rows (C*kh*kw, images * ohw), so group gi's block is the contiguous (ckk, L) at gi * ckk * L
         _im2col(dev, g, x, n0, cnt, col, g.ohw, L)
         if cnt > 1:  # dy of the chunk as (K, images * ohw)
-            d = View(dy.buffer, F32, (g.K, cnt, g.ohw), (g.ohw, g.K * g.ohw, 1), dy.offset + n0 * g.K * g.ohw)
-            _copy(View(dyt, F32, (g.K, cnt, g.ohw)), d)
+            dev.launch(dev.kernel("conv", "sg_batch_to_rows"), g.K * cnt,
+                       (I64(g.K), I64(g.ohw), I64(n0), I64(cnt), dy.buffer.handle.arg, I64(dy.offset),
+                        dyt.handle.arg))
             dsrc, dbase = dyt.handle, 0
         else:
             dsrc, dbase = dy.buffer.handle, dy.offset + n0 * g.K * g.ohw
@@ -900,11 +911,11 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
         raise _shape_error("pool2d", views, "indices must be int64 of the output's shape")
     x = _contiguous(x)
     geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
-    n = math.prod(out.shape)
-    if n == 0:
+    if math.prod(out.shape) == 0:
         return
     ind = indices if indices is not None else out  # any buffer: the kernel does not touch it without with_idx
-    dev.launch(dev.kernel(f"pool:{SUFFIX[x.dtype]}", "sg_pool_fwd"), n,
+    rows = out.shape[0] * out.shape[1] * out.shape[2]
+    dev.launch(dev.kernel(f"pool:{SUFFIX[x.dtype]}", "sg_pool_fwd"), rows,
                (geom, I32(_POOL_MODES[mode]), I32(1 if count_include_pad else 0), x.buffer.handle.arg, I64(x.offset),
                 out.buffer.handle.arg, I64(out.offset), ind.buffer.handle.arg, I64(ind.offset),
                 I32(indices is not None)))
@@ -920,15 +931,22 @@ def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0,
         raise _shape_error("pool2d_backward", views, "max pooling needs the forward's indices or its input x")
     dy, x, indices = _contiguous(dy), _contiguous(x), _contiguous(indices)
     geom = _pool_geometry("pool2d_backward", dx.shape, dy.shape, kernel, stride, padding, dilation, mode, views)
-    n = math.prod(dx.shape)
-    if n == 0:
+    if math.prod(dx.shape) == 0:
         return
     xv = x if x is not None else dy
     iv = indices if indices is not None else dy
-    dev.launch(dev.kernel(f"pool:{SUFFIX[dy.dtype]}", "sg_pool_bwd"), n,
-               (geom, I32(_POOL_MODES[mode]), I32(1 if count_include_pad else 0), dy.buffer.handle.arg,
-                I64(dy.offset), xv.buffer.handle.arg, I64(xv.offset), iv.buffer.handle.arg, I64(iv.offset),
-                I32(indices is not None), dx.buffer.handle.arg, I64(dx.offset)))
+    args = (geom, I32(_POOL_MODES[mode]), I32(1 if count_include_pad else 0), dy.buffer.handle.arg, I64(dy.offset),
+            xv.buffer.handle.arg, I64(xv.offset), iv.buffer.handle.arg, I64(iv.offset), I32(indices is not None),
+            dx.buffer.handle.arg, I64(dx.offset))
+    prog = f"pool:{SUFFIX[dy.dtype]}"
+    _, _, _, _, _, _, kh, kw, sh, sw = _POOL.unpack(geom)[:10]
+    dh, dw = _POOL.unpack(geom)[14:]
+    if sh >= (kh - 1) * dh + 1 and sw >= (kw - 1) * dw + 1:
+        # disjoint windows: each input element has at most one, so its gradient is written from the output's side
+        _fill(dx, 0.0)
+        dev.launch(dev.kernel(prog, "sg_pool_bwd_disjoint"), dy.shape[0] * dy.shape[1] * dy.shape[2], args)
+        return
+    dev.launch(dev.kernel(prog, "sg_pool_bwd"), dx.shape[0] * dx.shape[1] * dx.shape[2], args)
 
 
 # -- batch normalisation ------------------------------------------------------------------------------------------

@@ -187,6 +187,7 @@ class Operator:
     def _do_forward(self, *xs: Any) -> tuple:
         while xs and xs[-1] is None:  # optional trailing inputs (a bias, Gemm's C) left out
             xs = xs[:-1]
+        given = xs
         xs = _tensor_inputs(type(self).__name__, xs)
         d = self.__dict__
         if "_init_keys" not in d:
@@ -202,10 +203,13 @@ class Operator:
         self.requires_grad = record and any(d["_req"])
         if record:
             src, meta = [], []
-            for x in xs:
+            for x, g in zip(xs, given):
                 creator = x.creator
                 if creator is None:
-                    creator = x.creator = Dummy(x)
+                    if x is g:
+                        creator = x.creator = Dummy(x)
+                    else:  # a constant made from a number or array: its Dummy holds it, it does not point back
+                        creator = Dummy(x, keep=True)
                 idx = creator.y_id2idx.get(id(x), 0)
                 # SINGA's 4-tuple (creator, id, tensor when its gradient is wanted, stores_grad), plus our own meta
                 src.append((creator, id(x), x if x.stores_grad else None, x.stores_grad))
@@ -297,12 +301,14 @@ def _tensor_inputs(opname: str, xs: tuple) -> tuple:
 class Dummy(Operator):
     """The creator of a leaf tensor (parameters, input data): where its gradient ends up."""
 
-    def __init__(self, tensor: Tensor, name: str | None = None) -> None:
+    def __init__(self, tensor: Tensor, name: str | None = None, keep: bool = False) -> None:
         super().__init__(name if name is not None else getattr(tensor, "name", None))
         self.y_id2idx = {id(tensor): 0}
         # weak: the tensor holds its Dummy (creator), so a strong reference back would make a cycle that keeps
-        # device memory until the cyclic garbage collector runs
+        # device memory until the cyclic garbage collector runs. `keep` is for constants an operator made from a
+        # Python number: nobody else holds them and they never point back, so the Dummy keeps them (for export).
         self._ref = weakref.ref(tensor)
+        self._kept = tensor if keep else None
 
     @property
     def tensor(self) -> Tensor | None:

@@ -10,6 +10,22 @@ that a graph replay (singa.graph) would miss, and a recorded step stays correct 
 Optimizer state (momentum buffers, moments) belongs to the parameter *object*: it is kept in a dict keyed by
 `id(param)` that also holds the parameter, so that the id cannot be reused. Two parameters with the same name never
 share state. Names only label the state in `get_states()` / `set_states()` checkpoints.
+
+Half precision. A float16 parameter is trained through a float32 *master* copy (`master_weights=True`, the default):
+at its first update the optimizer creates the master (the parameter cast to float32) and keeps every state of that
+parameter (momentum, moments) in float32 too. Each update casts the float16 gradient to float32, applies the rule to
+the master, and writes the master rounded to float16 back into the parameter's own buffer (in place, so a recorded
+graph keeps working). Before each update the master is re-synchronised from the parameter when the two disagree
+(something else wrote the parameter: `set_params`, `load_states` of a checkpoint without masters), so the float16
+tensor stays the source of truth. Masters are saved as '<param>/master' states. With `master_weights=False` the
+update runs in the parameter's own dtype, as in Apache SINGA (small updates are then lost to float16 rounding).
+
+Loss scaling. `loss_scale=S` (static) makes `opt(loss)` back-propagate from S * loss, so that small float16
+gradients do not flush to zero, then unscale each gradient in float32 (times 1 / S) before the update. All gradients
+are computed before any parameter is updated; when one of them holds an inf or a NaN the whole step is skipped on the
+device (parameters, masters and states keep their values, the step counter does not advance and `skipped_steps`
+counts it), with no host read, so graph replays skip the same way. `update(param, grad)` called directly takes
+unscaled gradients and checks nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +42,8 @@ from singa.backend import Device
 from singa.tensor import Tensor
 
 __all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam"]
+
+_F16_MAX = 65504.0  # the largest finite float16
 
 
 # -- learning-rate schedules ----------------------------------------------------------------------------------------
@@ -95,11 +113,14 @@ class Optimizer:
     """Base class: `opt(loss)` runs `autograd.backward(loss)`, updates every parameter it yields, then `step()`.
 
     `lr` is a number or a DecayScheduler; `dtype` is that of the step counter's float view and the schedule values.
+    `loss_scale` (a number, best a power of two; None: off) turns on static loss scaling with overflow skipping;
+    `master_weights` (default True) trains float16 parameters through float32 master copies (see the module doc).
     """
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, lr: float | DecayScheduler, dtype: int = tensor.float32):
+    def __init__(self, lr: float | DecayScheduler, dtype: int = tensor.float32, *, loss_scale: float | None = None,
+                 master_weights: bool = True):
         if isinstance(lr, DecayScheduler):
             self.lr = lr
         else:
@@ -110,13 +131,24 @@ class Optimizer:
         if dtype not in _dt.FLOATS:
             raise TypeError(f"{type(self).__name__}: dtype must be tensor.float32 or float16, got {_dt.name(dtype)}")
         self.dtype = dtype
+        if loss_scale is not None:
+            loss_scale = float(loss_scale)
+            if not (math.isfinite(loss_scale) and loss_scale > 0.0):
+                raise ValueError(f"{type(self).__name__}: loss_scale must be a positive finite number, got "
+                                 f"{loss_scale}")
+        self.loss_scale = loss_scale
+        self.master_weights = bool(master_weights)
         self.step_counter: Tensor | None = None  # int32, 0-d, on the device of the first parameter updated
+        self.skipped_steps: Tensor | None = None  # int32, 0-d: steps skipped for inf/nan gradients (loss_scale)
         self._one: Tensor | None = None
+        self._ok: Tensor | None = None  # during a loss-scaled call(): bool 0-d, every gradient is finite
+        self._unscaled: dict[int, Tensor] = {}  # during a loss-scaled call(): id(grad) -> float32 grad / loss_scale
         self._states: dict[int, _ParamState] = {}
         self._names: set[str] = set()
         self._scalars: dict[tuple, Any] = {}  # per-step device scalars; step() clears them
         self._pending: dict[str, np.ndarray] = {}  # set_states() values for parameters not seen yet
         self._pending_step = 0
+        self._pending_skipped = 0
 
     # -- the public protocol ------------------------------------------------------------------------------------------
     def __call__(self, loss: Tensor) -> None:
@@ -127,11 +159,43 @@ class Optimizer:
         """Backward from `loss` and update each parameter as its gradient arrives (no step())."""
         from singa import autograd
 
+        if self.loss_scale is not None:
+            self._scaled_call(autograd, loss)
+            return
         graph.set_phase("backward")
         for p, g in autograd.backward(loss):
             self.update(p, g)
             graph.set_phase("backward")
         graph.set_phase("update")
+
+    def _scaled_call(self, autograd: Any, loss: Tensor) -> None:
+        """Backward from loss_scale * loss, unscale every gradient in float32, then update unless one is inf/nan."""
+        scale = self.loss_scale
+        if isinstance(loss, Tensor) and loss.dtype == _dt.float16 and scale > _F16_MAX:
+            raise ValueError(f"{type(self).__name__}: loss_scale {scale:g} overflows the float16 loss (largest "
+                             f"float16: {_F16_MAX:g}); use at most 32768")
+        graph.set_phase("backward")
+        pairs = list(autograd.backward(loss, scale))  # every gradient first: the skip decision needs them all
+        graph.set_phase("update")
+        inv = 1.0 / scale
+        total = None
+        unscaled: dict[int, Tensor] = {}
+        for _, g in pairs:
+            if not isinstance(g, Tensor) or g.dtype not in _dt.FLOATS:
+                continue  # _check reports it
+            g32 = ops.mul(g if g.dtype == _dt.float32 else ops.cast(g, _dt.float32), inv)
+            s = ops.sum(g32)  # inf or nan when any element is (or, for float32 gradients, beyond 3.4e38 in all)
+            total = s if total is None else ops.add(total, s)
+            unscaled[id(g)] = g32
+        if total is not None:
+            z = ops.mul(total, 0.0)  # 0 when finite, nan otherwise
+            self._ok = ops.cast(ops.eq(z, z), _dt.bool_)
+        self._unscaled = unscaled
+        try:
+            for p, g in pairs:
+                self.update(p, g)
+        finally:
+            self._unscaled = {}
 
     def backward_and_update(self, loss: Tensor) -> None:
         """Same as `opt(loss)` (DistOpt's spelling, so single- and multi-process scripts read alike)."""
@@ -148,10 +212,16 @@ class Optimizer:
     def step(self) -> None:
         """Advance the step counter (learning-rate schedules and bias corrections read it)."""
         self._scalars.clear()
+        ok, self._ok = self._ok, None
         if self.step_counter is None:
             self._pending_step += 1
             return
-        ops.add(self.step_counter, self._one, out=self.step_counter)
+        if ok is None:
+            ops.add(self.step_counter, self._one, out=self.step_counter)
+            return
+        done = ops.cast(ok, _dt.int32)  # 1, or 0 for a step skipped on overflow
+        ops.add(self.step_counter, done, out=self.step_counter)
+        ops.add(self.skipped_steps, ops.sub(self._one, done), out=self.skipped_steps)
 
     def device_check(self, *inputs: Tensor) -> None:
         """Move every tensor to the device of the first one (in place), as SINGA does."""
@@ -168,6 +238,9 @@ class Optimizer:
             out["step_counter"] = self.step_counter.clone()
         else:
             out["step_counter"] = tensor.from_numpy(np.array(self._pending_step, np.int32))
+        if self.loss_scale is not None:
+            out["skipped_steps"] = (self.skipped_steps.clone() if self.skipped_steps is not None
+                                    else tensor.from_numpy(np.array(self._pending_skipped, np.int32)))
         for st in self._states.values():
             for s, t in st.tensors.items():
                 out[f"{st.name}/{s}"] = t.clone()
@@ -181,34 +254,43 @@ class Optimizer:
         by_name = {st.name: st for st in self._states.values()}
         plan: list[tuple[str, np.ndarray]] = []
         bad: list[str] = []
-        step = None
+        step = skipped = None
         for k, v in states.items():
             if k == "step_counter":
                 step = int(np.asarray(v).reshape(()))
                 continue
+            if k == "skipped_steps":
+                skipped = int(np.asarray(v).reshape(()))
+                continue
             name, sep, s = str(k).rpartition("/")
-            if not sep or s not in self.state_names:
+            if not sep or (s not in self.state_names and s != "master"):
                 bad.append(str(k))
                 continue
             arr = np.asarray(v)
             st = by_name.get(name)
-            if st is not None and st.tensors[s].shape != arr.shape:
+            if st is not None and s in st.tensors and st.tensors[s].shape != arr.shape:
                 raise ValueError(f"{type(self).__name__}.set_states: {k!r} has shape {arr.shape} but parameter "
                                  f"{name!r} has shape {st.param.shape}")
             plan.append((str(k), arr))
         if bad:
             want = ", ".join(self.state_names) or "none"
             raise KeyError(f"{type(self).__name__}.set_states: unknown state(s) {', '.join(map(repr, bad))}; "
-                           f"expected 'step_counter' and '<param>/<state>' with <state> one of: {want}")
+                           f"expected 'step_counter' and '<param>/<state>' with <state> one of: {want} (or "
+                           "'master', a float16 parameter's float32 copy)")
         if step is not None:
             if self.step_counter is not None:
                 self.step_counter.copy_from_numpy(np.array(step, np.int32))
             else:
                 self._pending_step = step
+        if skipped is not None:
+            if self.skipped_steps is not None:
+                self.skipped_steps.copy_from_numpy(np.array(skipped, np.int32))
+            else:
+                self._pending_skipped = skipped
         for k, arr in plan:
             name, _, s = k.rpartition("/")
             st = by_name.get(name)
-            if st is None:
+            if st is None or s not in st.tensors:  # applied when that state is created
                 self._pending[k] = np.array(arr, copy=True)
             else:
                 st.tensors[s].copy_from_numpy(arr)
@@ -232,26 +314,87 @@ class Optimizer:
         self._counter(p.device)  # step() is then a device operation, replayed with the step
         return p, g
 
-    def _state(self, p: Tensor, name: Any) -> dict[str, Tensor]:
-        """The state tensors of parameter `p`, created (zeros, or values given to set_states) at its first update."""
+    def _param_state(self, p: Tensor, name: Any) -> _ParamState:
+        """The state record of parameter `p` (created empty, with its checkpoint label, at its first update)."""
         st = self._states.get(id(p))
         if st is not None and st.param is p:
-            return st.tensors
+            return st
         label = self._unique_name(p, name)
-        tensors = {}
-        with graph.no_record():  # set-up: runs once, never replayed
-            for s in self.state_names:
-                t = Tensor(p.shape, p.device, p.dtype, requires_grad=False)
-                pending = self._pending.pop(f"{label}/{s}", None)
-                if pending is not None:
-                    if pending.shape != p.shape:
-                        raise ValueError(f"{type(self).__name__}: loaded state {label}/{s} has shape {pending.shape},"
-                                         f" the parameter has shape {p.shape}")
-                    t.copy_from_numpy(pending)
-                tensors[s] = t
-        self._states[id(p)] = _ParamState(p, label, tensors)
+        st = self._states[id(p)] = _ParamState(p, label, {})
         self._names.add(label)
-        return tensors
+        return st
+
+    def _new_state_tensor(self, st: _ParamState, s: str, dtype: int, init: Tensor | None = None) -> Tensor:
+        """State `s` of `st.param`, of its shape, on its device, in `dtype`: the value given to set_states, else
+        `init` cast to dtype, else zeros."""
+        p = st.param
+        with graph.no_record():  # set-up: runs once, never replayed
+            t = Tensor(p.shape, p.device, dtype, requires_grad=False)
+            pending = self._pending.pop(f"{st.name}/{s}", None)
+            if pending is not None:
+                if pending.shape != p.shape:
+                    raise ValueError(f"{type(self).__name__}: loaded state {st.name}/{s} has shape {pending.shape}, "
+                                     f"the parameter has shape {p.shape}")
+                t.copy_from_numpy(pending)
+            elif init is not None:
+                ops.cast(init, dtype, out=t)
+        st.tensors[s] = t
+        return t
+
+    def _state(self, p: Tensor, name: Any, like: Tensor | None = None) -> dict[str, Tensor]:
+        """The state tensors of parameter `p` (zeros, or values given to set_states, at its first update), in the
+        dtype of `like` (the tensor the rule updates: `p`, or its float32 master)."""
+        like = p if like is None else like
+        st = self._param_state(p, name)
+        for s in self.state_names:
+            t = st.tensors.get(s)
+            if t is None:
+                self._new_state_tensor(st, s, like.dtype)
+            elif t.dtype != like.dtype:  # the parameter changed dtype since: keep the values, in the rule's dtype
+                with graph.no_record():
+                    t.to_type(like.dtype)
+        return {s: st.tensors[s] for s in self.state_names}
+
+    def _master(self, p: Tensor, name: Any) -> Tensor:
+        """The float32 master copy of float16 parameter `p`, re-synchronised from `p` where they disagree."""
+        st = self._param_state(p, name)
+        m = st.tensors.get("master")
+        if m is None or m.shape != p.shape:
+            st.tensors.pop("master", None)
+            m = self._new_state_tensor(st, "master", _dt.float32, init=p)
+        # Recorded with the step: p was last written from m (cast(m) == p) unless something else wrote p since.
+        stale = ops.ne(p, ops.cast(m, p.dtype))
+        ops.where(stale, ops.cast(p, _dt.float32), m, out=m)
+        return m
+
+    def _begin(self, name: Any, p: Tensor, g: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor], list]:
+        """Checks, then what the rule works on: (w, g, states, saved), with w the parameter itself or the float32
+        master of a float16 parameter, g the gradient in w's dtype (unscaled in a loss-scaled step) and `saved`
+        the pre-update copies _end restores when the step is skipped."""
+        p, g = self._check(name, p, g)
+        gu = self._unscaled.pop(id(g), None)
+        if self.master_weights and p.dtype == _dt.float16:
+            w = self._master(p, name)
+        else:
+            st = self._states.get(id(p))
+            if st is not None and st.param is p:
+                st.tensors.pop("master", None)  # p is no longer trained through a master
+            w = p
+        g = g if gu is None else gu
+        if g.dtype != w.dtype:
+            g = ops.cast(g, w.dtype)
+        states = self._state(p, name, w) if self.state_names else {}
+        saved = []
+        if self._ok is not None:
+            saved = [(t, ops.copy(t)) for t in (w, *states.values())]
+        return w, g, states, saved
+
+    def _end(self, p: Tensor, w: Tensor, saved: list) -> None:
+        """Undo the update when the step overflowed; write the master back into the float16 parameter."""
+        for t, old in saved:
+            ops.where(self._ok, t, old, out=t)
+        if w is not p:
+            ops.cast(w, p.dtype, out=p)  # rounded to float16, in the parameter's own buffer
 
     def _unique_name(self, p: Tensor, name: Any) -> str:
         label = name if isinstance(name, str) and name else (p.name if isinstance(p.name, str) and p.name else None)
@@ -268,6 +411,7 @@ class Optimizer:
             with graph.no_record():
                 self.step_counter = Tensor((), dev, _dt.int32, requires_grad=False)
                 self._one = ops.full((), 1, _dt.int32, dev)
+                self.skipped_steps = ops.full((), self._pending_skipped, _dt.int32, dev)
                 if self._pending_step:
                     self.step_counter.copy_from_numpy(np.array(self._pending_step, np.int32))
         elif self.step_counter.device is not dev:
@@ -319,8 +463,9 @@ class SGD(Optimizer):
     """
 
     def __init__(self, lr: float | DecayScheduler = 0.1, momentum: float = 0, dampening: float = 0,
-                 weight_decay: float = 0, nesterov: bool = False, dtype: int = tensor.float32):
-        super().__init__(lr, dtype)
+                 weight_decay: float = 0, nesterov: bool = False, dtype: int = tensor.float32, *,
+                 loss_scale: float | None = None, master_weights: bool = True):
+        super().__init__(lr, dtype, loss_scale=loss_scale, master_weights=master_weights)
         if momentum < 0 or weight_decay < 0:
             raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {momentum} and {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
@@ -332,18 +477,20 @@ class SGD(Optimizer):
         self.state_names = ("momentum",) if self.momentum else ()
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p, g = self._check(param_name, param_value, param_grad)
-        lr = self._lr(p)
-        g = self._decayed(p, g, self.weight_decay)
+        p = param_value
+        w, g, st, saved = self._begin(param_name, param_value, param_grad)
+        lr = self._lr(w)
+        g = self._decayed(w, g, self.weight_decay)
         if self.momentum:
-            buf = self._state(p, param_name)["momentum"]
+            buf = st["momentum"]
             ops.mul(buf, self.momentum, out=buf)
             if self.dampening:
-                ops.add(buf, ops.mul(g, self._cached("damp", p, self._damp)), out=buf)
+                ops.add(buf, ops.mul(g, self._cached("damp", w, self._damp)), out=buf)
             else:
                 ops.add(buf, g, out=buf)
             g = ops.add(g, ops.mul(buf, self.momentum)) if self.nesterov else buf
-        ops.sub(p, ops.mul(g, lr), out=p)
+        ops.sub(w, ops.mul(g, lr), out=w)
+        self._end(p, w, saved)
 
     def _damp(self, dev: Device) -> Tensor:
         # 1 at the first step (the buffer starts as the gradient itself), 1 - dampening afterwards
@@ -357,8 +504,8 @@ class RMSProp(Optimizer):
     state_names = ("square_avg",)
 
     def __init__(self, lr: float | DecayScheduler = 0.1, rho: float = 0.9, epsilon: float = 1e-08,
-                 weight_decay: float = 0):
-        super().__init__(lr)
+                 weight_decay: float = 0, *, loss_scale: float | None = None, master_weights: bool = True):
+        super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"RMSProp: rho must be in [0, 1), got {rho}")
         self.rho = float(rho)
@@ -366,14 +513,16 @@ class RMSProp(Optimizer):
         self.weight_decay = float(weight_decay)
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p, g = self._check(param_name, param_value, param_grad)
-        lr = self._lr(p)
-        g = self._decayed(p, g, self.weight_decay)
-        sq = self._state(p, param_name)["square_avg"]
+        p = param_value
+        w, g, st, saved = self._begin(param_name, param_value, param_grad)
+        lr = self._lr(w)
+        g = self._decayed(w, g, self.weight_decay)
+        sq = st["square_avg"]
         ops.mul(sq, self.rho, out=sq)
         ops.add(sq, ops.mul(ops.square(g), 1.0 - self.rho), out=sq)
         avg = ops.add(ops.sqrt(sq), self.epsilon)
-        ops.sub(p, ops.mul(ops.div(g, avg), lr), out=p)
+        ops.sub(w, ops.mul(ops.div(g, avg), lr), out=w)
+        self._end(p, w, saved)
 
 
 class AdaGrad(Optimizer):
@@ -381,19 +530,22 @@ class AdaGrad(Optimizer):
 
     state_names = ("sum",)
 
-    def __init__(self, lr: float | DecayScheduler = 0.1, epsilon: float = 1e-08, weight_decay: float = 0):
-        super().__init__(lr)
+    def __init__(self, lr: float | DecayScheduler = 0.1, epsilon: float = 1e-08, weight_decay: float = 0, *,
+                 loss_scale: float | None = None, master_weights: bool = True):
+        super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
         self.epsilon = float(epsilon)
         self.weight_decay = float(weight_decay)
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p, g = self._check(param_name, param_value, param_grad)
-        lr = self._lr(p)
-        g = self._decayed(p, g, self.weight_decay)
-        acc = self._state(p, param_name)["sum"]
+        p = param_value
+        w, g, st, saved = self._begin(param_name, param_value, param_grad)
+        lr = self._lr(w)
+        g = self._decayed(w, g, self.weight_decay)
+        acc = st["sum"]
         ops.add(acc, ops.square(g), out=acc)
         std = ops.add(ops.sqrt(acc), self.epsilon)
-        ops.sub(p, ops.mul(ops.div(g, std), lr), out=p)
+        ops.sub(w, ops.mul(ops.div(g, std), lr), out=w)
+        self._end(p, w, saved)
 
 
 class Adam(Optimizer):
@@ -406,8 +558,9 @@ class Adam(Optimizer):
     state_names = ("m", "v")
 
     def __init__(self, lr: float | DecayScheduler = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-08, weight_decay: float = 0):
-        super().__init__(lr)
+                 epsilon: float = 1e-08, weight_decay: float = 0, *, loss_scale: float | None = None,
+                 master_weights: bool = True):
+        super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
         for what, b in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Adam: {what} must be in [0, 1), got {b}")
@@ -417,16 +570,17 @@ class Adam(Optimizer):
         self.weight_decay = float(weight_decay)
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p, g = self._check(param_name, param_value, param_grad)
-        g = self._decayed(p, g, self.weight_decay)
-        st = self._state(p, param_name)
+        p = param_value
+        w, g, st, saved = self._begin(param_name, param_value, param_grad)
+        g = self._decayed(w, g, self.weight_decay)
         m, v = st["m"], st["v"]
         ops.mul(m, self.beta_1, out=m)
         ops.add(m, ops.mul(g, 1.0 - self.beta_1), out=m)
         ops.mul(v, self.beta_2, out=v)
         ops.add(v, ops.mul(ops.square(g), 1.0 - self.beta_2), out=v)
-        denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", p, self._bc2_sqrt)), self.epsilon)
-        ops.sub(p, ops.mul(ops.div(m, denom), self._cached("step_size", p, self._step_size)), out=p)
+        denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", w, self._bc2_sqrt)), self.epsilon)
+        ops.sub(w, ops.mul(ops.div(m, denom), self._cached("step_size", w, self._step_size)), out=w)
+        self._end(p, w, saved)
 
     def _t(self, dev: Device) -> Tensor:
         t = self._scalars.get(("t", None))

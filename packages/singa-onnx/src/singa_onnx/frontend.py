@@ -38,7 +38,8 @@ from singa.tensor import Tensor
 from singa_onnx.errors import UnsupportedOperatorError
 
 __all__ = [
-    "DEFAULT_OPSET", "MIN_OPSET", "UnsupportedExportError", "SingaFrontend", "to_onnx", "exportable_operators",
+    "DEFAULT_OPSET", "MIN_OPSET", "UnsupportedExportError", "SingaFrontend", "to_onnx", "singa_to_onnx_model",
+    "singa_to_onnx_graph", "exportable_operators",
 ]
 
 # Opset 18: Reduce*/Split/Pad take their axes and sizes as inputs, and every onnxruntime since 1.14 loads it.
@@ -182,6 +183,7 @@ class _Exporter:
         self.bstate: dict[str, str | None] = {}
         self.names: dict[tuple, str] = {}  # (creator, output index) -> value name
         self.leaf_names: dict[int, str] = {}  # id(leaf tensor) -> value name
+        self.held: list[Tensor] = []  # the leaves named above, kept alive so that their ids stay theirs
         self.const_cache: dict[tuple, str] = {}
         self.node_count: Counter = Counter()
         self.batch: int | None = None
@@ -291,6 +293,7 @@ class _Exporter:
         else:
             name = self.const(arr, "const")
         self.leaf_names[id(t)] = name
+        self.held.append(t)
         return name
 
     def src_name(self, op: Any, i: int) -> str:
@@ -1161,6 +1164,7 @@ def _batchnorm(ex, op, X, Y):
         if id(t) not in ex.leaf_names:
             arr = np.asarray(t.to_numpy()).reshape(C)
             ex.leaf_names[id(t)] = ex.initializer(arr.astype(ex.np_dtype(x)), t.name or f"{ex.base}.{what}")
+            ex.held.append(t)
         return ex.leaf_names[id(t)]
 
     ins = [x, _reshaped(ex, scale, (C,), "scale"), _reshaped(ex, bias, (C,), "bias"),
@@ -1255,3 +1259,8 @@ def to_onnx(inputs: Sequence[Tensor] | Tensor, outputs: Sequence[Tensor] | Tenso
     class, name and position.
     """
     return SingaFrontend.singa_to_onnx_model(inputs, outputs, model_name, opset_version, dynamic_batch)
+
+
+# SINGA's module-level names for the same functions
+singa_to_onnx_model = to_onnx
+singa_to_onnx_graph = SingaFrontend.singa_to_onnx_graph

@@ -21,7 +21,7 @@ from singa.backend import Device
 from singa.tensor import Tensor
 from singa_onnx import onnx_types as ot
 from singa_onnx.errors import NodeError, UnsupportedOperatorError
-from singa_onnx.registry import lookup
+from singa_onnx.registry import OpEntry, lookup
 
 OLDEST_OPSET = 1
 
@@ -81,7 +81,14 @@ class OnnxNode:
         self.attrs = OnnxAttributes.from_onnx(proto.attribute)
         self.in_types = [importer.types.get(n) if n else None for n in self.inputs]
         self.out_types = [importer.types.get(n) if n else None for n in self.outputs]
-        self.entry = lookup(self.domain, self.op_type, self.opset)
+        self.function: tuple | None = None
+        local = importer.functions.get((self.domain, self.op_type))
+        self.entry = None if local is not None else lookup(self.domain, self.op_type, self.opset)
+        if self.entry is None:
+            fp = local if local is not None else _schema_function(proto, self.domain, self.opset, self.in_types)
+            if fp is not None:
+                self.function = _function_program(fp, self, importer)
+                self.entry = _FUNCTION_ENTRY
         self.rt: Runtime | None = None  # set while the node runs
         self.subgraphs: dict[str, Any] = {}
         for k, v in list(self.attrs.items()):
@@ -105,13 +112,19 @@ class OnnxNode:
 
 
 class Importer:
-    """Prepare-time context: opsets, value types and the list of problems found so far."""
+    """Prepare-time context: opsets, value types, local functions and the list of problems found so far."""
 
-    def __init__(self, model: ModelProto):
+    def __init__(self, model: ModelProto | None, parent: Importer | None = None, opsets: dict | None = None):
         self.model = model
-        self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
         self.types: dict[str, int] = {}
+        if parent is not None:
+            self.problems = parent.problems
+            self.functions = parent.functions
+            self.opsets = dict(opsets or parent.opsets)
+            return
+        self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version for o in model.opset_import}
         self.problems: list[tuple[str, str, str]] = []
+        self.functions = {("" if f.domain in ("", "ai.onnx") else f.domain, f.name): f for f in model.functions}
         self._collect_types(model)
 
     def opset(self, domain: str) -> int:
@@ -127,6 +140,9 @@ class Importer:
             inferred = model
         for m in (inferred, model):  # declared types win over inferred ones
             self._graph_types(m.graph)
+
+    def graph_types(self, g: GraphProto) -> None:
+        self._graph_types(g)
 
     def _graph_types(self, g: GraphProto) -> None:
         for vi in list(g.input) + list(g.output) + list(g.value_info):
@@ -146,6 +162,95 @@ class Importer:
                 elif a.type == AttributeProto.GRAPHS:
                     for sub in a.graphs:
                         self._graph_types(sub)
+
+
+def _schema_function(proto: onnx.NodeProto, domain: str, opset: int, in_types: list) -> onnx.FunctionProto | None:
+    """The function body ONNX defines for an operator (plain or built for these input types), if any."""
+    try:
+        schema = onnx.defs.get_schema(proto.op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - no schema: not a standard operator
+        return None
+    versions = [v for v in schema.function_opset_versions if v <= opset]
+    if versions:
+        fp = onnx.FunctionProto()
+        fp.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+        return _with_schema_defaults(fp, schema)
+    versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    if not versions or any(t is None for n, t in zip(proto.input, in_types) if n):
+        return None
+    tps = [helper.make_tensor_type_proto(t if n else onnx.TensorProto.UNDEFINED, None).SerializeToString()
+           for n, t in zip(proto.input, in_types)]
+    try:
+        raw = schema.get_context_dependent_function_with_opset_version(max(versions), proto.SerializeToString(),
+                                                                       tps)
+    except Exception:  # noqa: BLE001 - the builder rejects inputs it cannot expand
+        return None
+    fp = onnx.FunctionProto()
+    fp.ParseFromString(raw)
+    if not fp.node:
+        return None  # the builder declined these inputs
+    return _with_schema_defaults(fp, schema)
+
+
+def _with_schema_defaults(fp: onnx.FunctionProto, schema: onnx.defs.OpSchema) -> onnx.FunctionProto:
+    """Attribute defaults of the operator's schema as the function's own defaults."""
+    have = {a.name for a in fp.attribute_proto}
+    for name, attr in schema.attributes.items():
+        if name not in have and attr.default_value is not None and attr.default_value.type:
+            d = onnx.AttributeProto()
+            d.CopyFrom(attr.default_value)
+            d.name = name
+            fp.attribute_proto.append(d)
+    return fp
+
+
+def _function_program(fp: onnx.FunctionProto, node: OnnxNode, importer: Importer) -> tuple:
+    """(program, formal inputs, formal outputs) of a function call, attribute references resolved."""
+    defaults = {a.name: a for a in fp.attribute_proto}
+    given = {a.name: a for a in node.proto.attribute}
+    nodes = []
+    for n in fp.node:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        del m.attribute[:]
+        for a in n.attribute:
+            if a.ref_attr_name:
+                src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                if src is None:
+                    continue
+                b = onnx.AttributeProto()
+                b.CopyFrom(src)
+                b.name = a.name
+                m.attribute.append(b)
+            else:
+                m.attribute.append(a)
+        nodes.append(m)
+    opsets = dict(importer.opsets)
+    for o in fp.opset_import:
+        opsets["" if o.domain in ("", "ai.onnx") else o.domain] = o.version
+    inputs = [helper.make_tensor_value_info(name, t or onnx.TensorProto.UNDEFINED, None)
+              for name, t in zip(fp.input, node.in_types + [None] * len(fp.input))]
+    graph = helper.make_graph(nodes, f"{node.name}:{fp.name}", inputs,
+                              [helper.make_empty_tensor_value_info(o) for o in fp.output])
+    child = Importer(None, importer, opsets)
+    try:
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+        m.ir_version = onnx.IR_VERSION
+        child.graph_types(onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False).graph)
+    except Exception:  # noqa: BLE001 - inference is best effort
+        child.graph_types(graph)
+    prog = Program(graph, child, node.name)
+    return prog, list(fp.input), list(fp.output)
+
+
+def _call_function(node: OnnxNode, inputs: list, opset: int) -> tuple:
+    prog, formal_in, formal_out = node.function
+    feeds = {f: v for f, v in zip(formal_in, list(inputs) + [None] * len(formal_in))}
+    vals = execute(prog, node.rt, feeds)
+    return tuple(vals.get(o) for o in formal_out)
+
+
+_FUNCTION_ENTRY = OpEntry("<function>", "", _call_function, 1, None, (), (), None)
 
 
 def _elem_type(tp: onnx.TypeProto) -> int:

@@ -4,13 +4,14 @@
  * neighbouring axes with the same role one axis). The innermost group is walked as rows: a reduced innermost group
  * collapses each row to one value, a kept one adds the row element-wise into a row of accumulators. Accumulators are
  * double for float inputs (float16 included) and int64 for integers and bool, so float32 sums of millions of elements
- * stay accurate. Threads split the outermost kept group, or the innermost one, or the single row of a full reduction.
+ * stay accurate. Threads split the outermost kept group, or the innermost one, or the chunks of a full reduction.
  */
 #include "common.h"
 
 enum { OP_SUM = 0, OP_MEAN = 1, OP_MAX = 2, OP_MIN = 3, OP_PROD = 4 };
 #define MAX_GROUPS 64
 #define RED_GRAIN 32768 /* elements per thread below which a reduction stays serial */
+#define FULL_CHUNK 65536 /* elements per partial result of a full reduction */
 
 typedef struct {
     int ng;
@@ -316,28 +317,32 @@ int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, ch
         for (int g = 0; g < last; g++)
             if (!L.red[g]) { split = g; break; }
 
-        if (L.ng == 1 && L.red[0]) { /* full reduction: threads take slices of the one row and combine */
-            const int T = sg_threads_for(total, RED_GRAIN);
-            if (T < 2) {
+        if (L.ng == 1 && L.red[0]) {
+            /* full reduction: fixed-size chunks, handed to threads as they come free, each reduced on its own and
+             * the partials combined in chunk order, so the result has the same bits for any thread count */
+            const int64_t nc = (total + FULL_CHUNK - 1) / FULL_CHUNK;
+            char *part = nc > 1 ? (char *)malloc((size_t)nc * accsize) : NULL;
+            if (nc > 1 && !part) {
+                free(acc);
+                return SG_ENOMEM;
+            }
+            if (nc == 1) {
                 do_row(op, in_dtype, x, 0, total, acc, 1);
             } else {
-                char part[64 * 8];
-                int nt_used = T > 64 ? 64 : T;
-#pragma omp parallel num_threads(nt_used)
-                {
-                    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-                    const int64_t lo = sg_chunk(total, t, nt), hi = sg_chunk(total, t + 1, nt);
-                    memcpy(part + t * accsize, acc, accsize);
-                    if (hi > lo) do_row(op, in_dtype, x, lo, hi - lo, part + t * accsize, 1);
-#pragma omp single
-                    nt_used = nt;
+                const int T = sg_threads_for(total, RED_GRAIN);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(T) if (T > 1)
+                for (int64_t c = 0; c < nc; c++) {
+                    memcpy(part + c * accsize, acc, accsize);
+                    do_row(op, in_dtype, x, c * FULL_CHUNK, sg_min64(FULL_CHUNK, total - c * FULL_CHUNK),
+                           part + c * accsize, 1);
                 }
-                for (int t = 0; t < nt_used; t++) { /* in thread order: the same result for the same thread count */
+                for (int64_t c = 0; c < nc; c++) {
                     if (in_float)
-                        *(double *)acc = fcombine(op, *(double *)acc, *(double *)(part + t * accsize));
+                        *(double *)acc = fcombine(op, *(double *)acc, *(double *)(part + c * accsize));
                     else
-                        *(int64_t *)acc = icombine(op, *(int64_t *)acc, *(int64_t *)(part + t * accsize));
+                        *(int64_t *)acc = icombine(op, *(int64_t *)acc, *(int64_t *)(part + c * accsize));
                 }
+                free(part);
             }
         } else if (split >= 0) { /* threads own disjoint slices of the outermost kept group */
             const int T = sg_threads_for(total, RED_GRAIN);

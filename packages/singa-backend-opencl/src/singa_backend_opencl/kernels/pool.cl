@@ -1,12 +1,26 @@
-/* 2-D max and average pooling (NCHW) and their gradients, one work-item per output (forward) or per input element
- * (backward). The backward pass gathers from the windows that cover each input element instead of scattering into
- * it, so no two work-items write the same element and no atomics are needed; windows are visited in the forward's
- * row-major order, so float sums come out in the CPU backend's order. Defined by table.py: T, LD, ST (float32 or
- * float16 through float). */
+/* 2-D max and average pooling (NCHW) and their gradients. Each work-item handles one row: a row of outputs in the
+ * forward pass, a row of input elements in the backward pass, so the index arithmetic is paid once per row.
+ *
+ * The backward pass gathers, for each input element, from the windows that cover it, so no two work-items write the
+ * same element and no atomics are needed; windows are visited in the forward's row-major order, so float sums come
+ * out in the CPU backend's order. When windows do not overlap (stride >= extent, the common 2x2/2 case) each input
+ * element has at most one window and sg_pool_bwd_disjoint writes the gradient from the outputs' side instead.
+ * Defined by table.py: T, LD, ST (float32 or float16 through float). */
 
 typedef struct {
     long N, C, H, W, OH, OW, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw;
 } sg_pool;
+
+/* the output index o with o * s == t (t the tap's offset into the padded input), or -1 when there is none in [0, n) */
+inline long sg_out_index(long t, long s, long n) {
+    if (t < 0) return -1;
+    long o = t;
+    if (s != 1) { /* skips two 64-bit divisions in the common stride-1 case */
+        if (t % s) return -1;
+        o = t / s;
+    }
+    return o < n ? o : -1;
+}
 
 /* positions of the window of (oh, ow) inside the input, and inside the declared padding */
 inline void sg_window_counts(const sg_pool *q, long oh, long ow, long *inside, long *padded) {
@@ -46,72 +60,102 @@ inline long sg_window_argmax(const sg_pool *q, __global const T *x, long base, l
     return bi;
 }
 
+/* one work-item per (plane, oh) */
 __kernel void sg_pool_fwd(const sg_pool q, const int mode_avg, const int count_pad, __global const T *x,
                           const long xo, __global T *y, const long yo, __global long *idx, const long io,
                           const int with_idx) {
-    const long i = get_global_id(0);
-    const long ohw = q.OH * q.OW;
-    if (i >= q.N * q.C * ohw) return;
-    const long p = i / ohw, o = i % ohw, oh = o / q.OW, ow = o % q.OW;
+    const long t = get_global_id(0);
+    if (t >= q.N * q.C * q.OH) return;
+    const long oh = t % q.OH, p = t / q.OH;
     const long base = xo + p * q.H * q.W;
-    if (!mode_avg) {
-        float best;
-        const long bi = sg_window_argmax(&q, x, base, oh, ow, &best);
-        ST(y, yo + i, best);
-        if (with_idx) idx[io + i] = bi;
-        return;
-    }
-    long inside, padded;
-    sg_window_counts(&q, oh, ow, &inside, &padded);
-    sg_acc s = 0;
-    for (long a = 0; a < q.kh; a++) {
-        const long h = oh * q.sh - q.pt + a * q.dh;
-        if (h < 0 || h >= q.H) continue;
-        for (long b = 0; b < q.kw; b++) {
-            const long w = ow * q.sw - q.pl + b * q.dw;
-            if (w >= 0 && w < q.W) s += LD(x, base + h * q.W + w);
+    for (long ow = 0; ow < q.OW; ow++) {
+        const long o = t * q.OW + ow;
+        if (!mode_avg) {
+            float best;
+            const long bi = sg_window_argmax(&q, x, base, oh, ow, &best);
+            ST(y, yo + o, best);
+            if (with_idx) idx[io + o] = bi;
+            continue;
         }
+        long inside, padded;
+        sg_window_counts(&q, oh, ow, &inside, &padded);
+        sg_acc s = 0;
+        for (long a = 0; a < q.kh; a++) {
+            const long h = oh * q.sh - q.pt + a * q.dh;
+            if (h < 0 || h >= q.H) continue;
+            for (long b = 0; b < q.kw; b++) {
+                const long w = ow * q.sw - q.pl + b * q.dw;
+                if (w >= 0 && w < q.W) s += LD(x, base + h * q.W + w);
+            }
+        }
+        ST(y, yo + o, inside == 0 ? 0.0f : (float)(s / (sg_acc)(count_pad ? padded : inside)));
+        if (with_idx) idx[io + o] = -1;
     }
-    ST(y, yo + i, inside == 0 ? 0.0f : (float)(s / (sg_acc)(count_pad ? padded : inside)));
-    if (with_idx) idx[io + i] = -1;
 }
 
+/* the gradient of output (p, oh, ow) for the input element e of its plane (0 when e is not what it read) */
+inline float sg_pool_grad(const sg_pool *q, int mode_avg, int count_pad, __global const T *dy, long dyo,
+                          __global const T *x, long xo, __global const long *idx, long io, int with_idx, long p,
+                          long oh, long ow, long e) {
+    const long o = p * q->OH * q->OW + oh * q->OW + ow;
+    const float g = LD(dy, dyo + o);
+    if (!mode_avg) {
+        long bi;
+        if (with_idx) {
+            bi = idx[io + o];
+        } else {
+            float unused;
+            bi = sg_window_argmax(q, x, xo + p * q->H * q->W, oh, ow, &unused);
+        }
+        return bi == e ? g : 0.0f;
+    }
+    long inside, padded;
+    sg_window_counts(q, oh, ow, &inside, &padded);
+    return inside ? (float)((sg_acc)g / (sg_acc)(count_pad ? padded : inside)) : 0.0f;
+}
+
+/* one work-item per (plane, h): a row of dx, gathered from every window that covers its elements */
 __kernel void sg_pool_bwd(const sg_pool q, const int mode_avg, const int count_pad, __global const T *dy,
                           const long dyo, __global const T *x, const long xo, __global const long *idx,
                           const long io, const int with_idx, __global T *dx, const long dxo) {
-    const long i = get_global_id(0);
-    const long hw = q.H * q.W, ohw = q.OH * q.OW;
-    if (i >= q.N * q.C * hw) return;
-    const long p = i / hw, e = i % hw, h = e / q.W, w = e % q.W;
-    float sum = 0.0f;
-    /* taps in decreasing order visit windows in increasing (oh, ow) order */
-    for (long a = q.kh - 1; a >= 0; a--) {
-        const long th = h + q.pt - a * q.dh;
-        if (th < 0 || th % q.sh) continue;
-        const long oh = th / q.sh;
-        if (oh >= q.OH) continue;
-        for (long b = q.kw - 1; b >= 0; b--) {
-            const long tw = w + q.pl - b * q.dw;
-            if (tw < 0 || tw % q.sw) continue;
-            const long ow = tw / q.sw;
-            if (ow >= q.OW) continue;
-            const long o = oh * q.OW + ow;
-            const float g = LD(dy, dyo + p * ohw + o);
-            if (!mode_avg) {
-                long bi;
-                if (with_idx) {
-                    bi = idx[io + p * ohw + o];
-                } else {
-                    float unused;
-                    bi = sg_window_argmax(&q, x, xo + p * hw, oh, ow, &unused);
-                }
-                if (bi == e) sum += g;
-            } else {
-                long inside, padded;
-                sg_window_counts(&q, oh, ow, &inside, &padded);
-                if (inside) sum += (float)((sg_acc)g / (sg_acc)(count_pad ? padded : inside));
+    const long t = get_global_id(0);
+    if (t >= q.N * q.C * q.H) return;
+    const long h = t % q.H, p = t / q.H;
+    for (long w = 0; w < q.W; w++) {
+        const long e = h * q.W + w;
+        float sum = 0.0f;
+        /* taps in decreasing order visit windows in increasing (oh, ow) order */
+        for (long a = q.kh - 1; a >= 0; a--) {
+            const long oh = sg_out_index(h + q.pt - a * q.dh, q.sh, q.OH);
+            if (oh < 0) continue;
+            for (long b = q.kw - 1; b >= 0; b--) {
+                const long ow = sg_out_index(w + q.pl - b * q.dw, q.sw, q.OW);
+                if (ow < 0) continue;
+                sum += sg_pool_grad(&q, mode_avg, count_pad, dy, dyo, x, xo, idx, io, with_idx, p, oh, ow, e);
+            }
+        }
+        ST(dx, dxo + p * q.H * q.W + e, sum);
+    }
+}
+
+/* windows that do not overlap: one work-item per (plane, oh) writes its windows' elements of dx (zeroed before) */
+__kernel void sg_pool_bwd_disjoint(const sg_pool q, const int mode_avg, const int count_pad, __global const T *dy,
+                                   const long dyo, __global const T *x, const long xo, __global const long *idx,
+                                   const long io, const int with_idx, __global T *dx, const long dxo) {
+    const long t = get_global_id(0);
+    if (t >= q.N * q.C * q.OH) return;
+    const long oh = t % q.OH, p = t / q.OH;
+    for (long ow = 0; ow < q.OW; ow++) {
+        for (long a = 0; a < q.kh; a++) {
+            const long h = oh * q.sh - q.pt + a * q.dh;
+            if (h < 0 || h >= q.H) continue;
+            for (long b = 0; b < q.kw; b++) {
+                const long w = ow * q.sw - q.pl + b * q.dw;
+                if (w < 0 || w >= q.W) continue;
+                const long e = h * q.W + w;
+                ST(dx, dxo + p * q.H * q.W + e,
+                   sg_pool_grad(&q, mode_avg, count_pad, dy, dyo, x, xo, idx, io, with_idx, p, oh, ow, e));
             }
         }
     }
-    ST(dx, dxo + i, sum);
 }

@@ -4,7 +4,8 @@
  * neighbours) and picks the parallel shape:
  *   sg_red_<op>_cols  one work-item per output (o, j), walking the len axis: inner > 1, or short rows;
  *   sg_red_<op>_rows  one work-group per (row, segment), a tree in local memory; `split` segments per row write
- *                     partial accumulators that sg_red_<op>_final combines (long rows, few of them).
+ *                     partial accumulators that sg_red_<op>_final combines (long rows, few of them);
+ *   sg_red_<op>_mid   x (A, K, B) reduced over A and B (a bias gradient over N, H, W): one work-group per k.
  * Accumulators are sg_acc (double where the device has it, as on the CPU backend) for float inputs and long for
  * integers and bool. Defined by table.py: TIN, LD (load), TOUT and ST (store into the output dtype), IS_FLOAT, and
  * SG_ARG for the argmax/argmin program instead of the reductions.
@@ -71,6 +72,26 @@ __kernel void sg_red_##NAME##_rows(const long len, const long split, __global co
         if (split == 1) ST(out, oo + row, FINISH(tmp[0], len));                                                  \
         else part[g] = tmp[0];                                                                                   \
     }                                                                                                            \
+}                                                                                                                \
+/* x (A, K, B) reduced over A and B: one work-group per k; each work-item steps through the A*B elements */      \
+__kernel void sg_red_##NAME##_mid(const long A, const long K, const long B, __global const TIN *x, const long xo,  \
+                                  __global TOUT *out, const long oo, __local acc_t *tmp) {                       \
+    const long k = get_group_id(0);                                                                              \
+    const int lid = get_local_id(0), wg = get_local_size(0);                                                     \
+    const long di = wg / B, db = wg % B;                                                                         \
+    long i = lid / B, b = lid % B;                                                                               \
+    acc_t a = IDENTITY;                                                                                          \
+    for (; i < A; i += di, b += db) {                                                                            \
+        if (b >= B) { b -= B; i++; if (i >= A) break; }                                                          \
+        a = COMBINE(a, (acc_t)LD(x, xo + (i * K + k) * B + b));                                                  \
+    }                                                                                                            \
+    tmp[lid] = a;                                                                                                \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                                \
+    for (int s = wg / 2; s > 0; s >>= 1) {                                                                       \
+        if (lid < s) tmp[lid] = COMBINE(tmp[lid], tmp[lid + s]);                                                 \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                                            \
+    }                                                                                                            \
+    if (lid == 0) ST(out, oo + k, FINISH(tmp[0], A * B));                                                        \
 }                                                                                                                \
 __kernel void sg_red_##NAME##_final(const long rows, const long len, const long split,                           \
                                     __global const acc_t *part, __global TOUT *out, const long oo) {             \

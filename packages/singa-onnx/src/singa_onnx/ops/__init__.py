@@ -2,10 +2,13 @@
 
 from singa_onnx.ops import (  # noqa: F401 - imported for their registrations
     cast,
+    control,
     elementwise,
     indexing,
     logic,
     math,
+    nn,
+    norm,
     reduce,
     shape,
 )

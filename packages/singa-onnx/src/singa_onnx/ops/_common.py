@@ -59,7 +59,9 @@ def host_to_tensor(arr: np.ndarray, dev, code: int | None = None) -> Tensor:
         if npd.kind in "iu" and arr.dtype.kind == "f":
             arr = np.trunc(arr)
         arr = arr.astype(npd)
-    t = ops.from_numpy(np.ascontiguousarray(arr), dev, code)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+    t = ops.from_numpy(arr, dev, code)
     t.requires_grad = False
     return t
 
