@@ -15,6 +15,7 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "packages" / "singa-core"
 CPU = ROOT / "packages" / "singa-backend-cpu"
+OPENCL = ROOT / "packages" / "singa-backend-opencl"
 TEST_PLUGINS = ROOT / "tests" / "plugins"
 
 nox.needs_version = ">=2024.3.2"
@@ -53,19 +54,24 @@ def _build_requires(paths: list[Path]) -> list[str]:
     return sorted(reqs)
 
 
-def _packages(with_cpu: bool = True, with_test_plugins: bool = False) -> list[Path]:
+def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_opencl: bool = False) -> list[Path]:
     paths = [CORE]
     if with_cpu:
         paths.append(CPU)
+    if with_opencl:
+        # pure Python: without an OpenCL platform it installs anyway and reports no devices (its tests then skip)
+        paths.append(OPENCL)
     if with_test_plugins:
         # singa-plugin-broken is not installed: tests/test_plugins.py exposes it to its own subprocesses only
         paths += [TEST_PLUGINS / "singa-plugin-hostmem"]
     return paths
 
 
-def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with_test_plugins: bool = False) -> None:
-    """Install singa-core (+ the CPU backend, + the test plugins) from this checkout, and `extra` requirements."""
-    paths = _packages(with_cpu, with_test_plugins)
+def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with_test_plugins: bool = False,
+                  with_opencl: bool = False) -> None:
+    """Install singa-core (+ the CPU backend, + the test plugins, + the OpenCL backend) from this checkout, and
+    `extra` requirements."""
+    paths = _packages(with_cpu, with_test_plugins, with_opencl)
     for p in paths:
         if not (p / "pyproject.toml").is_file():
             session.error(f"{p.relative_to(ROOT)} has no pyproject.toml")
@@ -92,7 +98,7 @@ def _pytest(session: nox.Session, *args: str) -> bool:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit and integration tests, then the backend conformance suite on every installed device."""
-    install_singa(session, PYTEST, with_test_plugins=True)
+    install_singa(session, PYTEST, with_test_plugins=True, with_opencl=True)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
     failed = []
@@ -119,7 +125,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against numpy and PyTorch (CPU); rewrites docs/performance.md. `-- --quick` for a short run."""
-    install_singa(session, TORCH)
+    install_singa(session, TORCH, with_opencl=True)
     session.chdir(ROOT)
     command = " ".join(["nox", "-s", "bench", *(["--", *session.posargs] if session.posargs else [])])
     session.run("python", "benchmarks/run_all.py", "--output", "docs/performance.md", "--command", command,

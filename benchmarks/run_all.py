@@ -14,10 +14,11 @@ from pathlib import Path
 
 import bench_elementwise
 import bench_matmul
+import bench_opencl
 import bench_overhead
 import benchlib
 
-BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead]
+BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_opencl]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,

@@ -7,13 +7,14 @@ updates the master from the float32-cast gradient and writes the rounded result 
 Tolerances. float16 has a unit roundoff u = 2**-11 ~ 4.9e-4. The CPU backend computes float16 kernels in float32
 and rounds each result once, so every operator output carries a relative error of about u. For a softmax
 cross-entropy L(z) of logits z, |dL| <= 2 * max|dz| (its gradient, softmax - onehot, has an l1 norm of at most 2).
-With logits of magnitude <= ~8 built from 3-6 rounded operators, one forward pass in float16 is off by
-2 * 8 * 6u ~ 0.05 at worst (typically a tenth of that: the errors are not all of one sign). Training then moves the
-two models apart a little more each step (the float16 run sees rounded activations and gradients), which the
-short runs below keep small: the losses are compared with |L16 - L32| <= 0.05 + 0.05 * L32, against a measured
-worst case of about a third of that (the same runs with a float32 copy of the float16 weights give ~0.01).
-The tracking tolerance is therefore a budget from the error model, not a fitted number; a bug (a gradient in the
-wrong dtype, a lost update, a missing master write-back) moves the losses by far more than that within a few steps.
+With logits of magnitude <= ~8 built from 3-6 rounded operators, one forward pass in float16 is off by at most about
+2 * 8 * 6u ~ 0.05 (typically a tenth of that: the rounding errors do not all have one sign), and a relative part
+of the same order appears as the two runs' weights drift apart step by step. Hence the budget
+|L16 - L32| <= 0.05 + 0.05 * L32 over 20 steps. Measured over three seeds: at most 27% of that budget (MLP ~1e-3,
+CNN up to 0.023). The CNN is chaotic (max pooling, batch statistics of 8 samples): its float32 run alone moves by
+0.009-0.023 when its initial weights are nudged by one float16 rounding, so no float16 run can track it much more
+closely. A real fault (no master, a lost update, a missing write-back) fails these tests: without the master the
+small-learning-rate tests fail outright, and a parameter that is not written back does not learn.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _restore_training_flag():
     autograd.training = prev
 
 
-# -- models: the seed's Model API MLP (as printed) and a small CNN ------------------------------------------------------
+# -- models: the seed's Model API MLP (as printed) and a small CNN --------------------------------------------
 
 
 class MLP(model.Model):  # the model is a subclass of Model
@@ -256,7 +257,8 @@ def test_graph_equals_eager_in_float16(dev, name, sequential):
         assert sg[k].dtype == np.float16
         np.testing.assert_allclose(sg[k], se[k], rtol=2 * U16, atol=1e-6, err_msg=k)
     me, mg = _master_states(m_e.optimizer), _master_states(m_g.optimizer)
-    assert me.keys() == mg.keys() and me
+    assert me.keys() == mg.keys()
+    assert me
     for k in me:
         np.testing.assert_allclose(mg[k], me[k], rtol=1e-5, atol=1e-7, err_msg=k)
     assert int(m_g.optimizer.step_counter.to_numpy()) == len(data)
@@ -452,7 +454,8 @@ def test_overflowing_step_is_skipped(dev, make):
     o(_overflow_loss(w, big))
     after = {k: np.asarray(v) for k, v in o.get_states().items()}
     np.testing.assert_array_equal(w.to_numpy(), wb)
-    assert int(after["skipped_steps"]) == 1 and int(before["skipped_steps"]) == 0
+    assert int(after["skipped_steps"]) == 1
+    assert int(before["skipped_steps"]) == 0
     for k in before:
         if k != "skipped_steps":
             np.testing.assert_array_equal(after[k], before[k], err_msg=k)  # step counter, master, momentum/moments
@@ -557,7 +560,8 @@ def test_checkpoint_holds_float16_params_and_float32_masters(dev, tmp_path):
         assert sb[k].dtype == np.float16
         np.testing.assert_allclose(sb[k], sf[k], rtol=2 * U16, atol=1e-6, err_msg=k)
     mf, mb = _master_states(m_full.optimizer), _master_states(m_b.optimizer)
-    assert mf.keys() == mb.keys() and mf
+    assert mf.keys() == mb.keys()
+    assert mf
     for k in mf:
         np.testing.assert_allclose(mb[k], mf[k], rtol=1e-5, atol=1e-7, err_msg=k)
 
@@ -582,3 +586,38 @@ def test_masters_loaded_before_the_first_step_are_used(dev, tmp_path):
     assert got.keys() == saved.keys()
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_checkpoints_cross_between_float16_and_float32_models(dev, tmp_path):
+    data = _mlp_data(3)
+    make_opt = lambda: opt.SGD(0.05, momentum=0.9)  # noqa: E731
+    m16, _, _ = _run(dev, MLP, make_opt, data, F16)
+    m16.save_states(tmp_path / "half.zip")
+    # into a float32 model: values converted, momentum kept, the float16 run's masters are the float32 weights
+    m32 = MLP()
+    m32.optimizer = make_opt()
+    tx, ty = Tensor(data[0][0].shape, dev, F32), Tensor(data[0][1].shape, dev, tensor.int32)
+    m32.compile([tx])
+    m32.load_states(tmp_path / "half.zip")
+    for k, t in m32.get_states().items():
+        assert t.dtype == F32
+        np.testing.assert_array_equal(t.to_numpy(), m16.get_states()[k].to_numpy().astype(np.float32))
+    tx.copy_from_numpy(data[0][0])
+    ty.copy_from_numpy(data[0][1])
+    m32(tx, ty)
+    st = m32.optimizer.get_states()
+    assert not [k for k in st if k.endswith("/master")]  # no masters for float32 parameters
+    assert np.asarray(st["linear1.W/momentum"]).dtype == np.float32
+    m32.save_states(tmp_path / "single.zip")
+    # and back into a float16 model: the masters are made from the loaded float16 values
+    h = MLP()
+    h.optimizer = make_opt()
+    hx = Tensor(data[0][0].shape, dev, F16)
+    h.compile([hx])
+    h.load_states(tmp_path / "single.zip")
+    hx.copy_from_numpy(data[1][0].astype(np.float16))
+    ty.copy_from_numpy(data[1][1])
+    h(hx, ty)
+    assert h.linear1.W.dtype == F16
+    master = np.asarray(h.optimizer.get_states()["linear1.W/master"])
+    np.testing.assert_array_equal(h.linear1.W.to_numpy(), master.astype(np.float16))

@@ -55,7 +55,8 @@ def _restore():
 def _agree(cpu_losses, ocl_losses, what: str) -> None:
     c, o = np.asarray(cpu_losses, np.float64), np.asarray(ocl_losses, np.float64)
     assert c.shape == o.shape == (STEPS,)
-    assert np.isfinite(c).all() and np.isfinite(o).all()
+    assert np.isfinite(c).all()
+    assert np.isfinite(o).all()
     rel = np.abs(o - c) / np.abs(c)
     assert rel.max() <= RTOL, (f"{what}: step {int(rel.argmax())} differs by {rel.max():.2e} relative\n"
                                f"cpu    {c}\nopencl {o}")
@@ -214,7 +215,7 @@ class MLP(model.Model):  # the model is a subclass of Model
         y = self.linear1(inputs)
         y = self.relu(y)
         y = self.linear2(y)
-        return y
+        return y  # noqa: RET504 - the seed's code, as printed
 
     def train_one_batch(self, x, y):
         out = self.forward(x)
@@ -260,7 +261,7 @@ def test_seed_model_api_mlp(cpu, ocl):
     _agree(c, o, "seed Model API MLP (graph mode)")
 
 
-# -- examples/mnist_cnn -------------------------------------------------------------------------------------------------
+# -- examples/mnist_cnn ---------------------------------------------------------------------------------------------
 
 
 def _mnist_model():

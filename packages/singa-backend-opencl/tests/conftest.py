@@ -9,8 +9,8 @@ NO_PLATFORM = "no OpenCL platform: install pocl-opencl-icd"
 
 def opencl_device():
     """The opencl:0 device, or None when this machine has no OpenCL platform."""
-    from singa import plugins
     from singa import device as singa_device
+    from singa import plugins
 
     backend = plugins.registry().backends.get("opencl")
     if backend is None or backend.device_count() == 0:

@@ -185,7 +185,8 @@ def test_cache_key_covers_source_device_and_driver(ocl, cache):
     k = build.cache_key(SOURCE, "", ocl.cache_key)
     assert k != build.cache_key(SOURCE, "", ocl.cache_key.replace(ocl.info.driver, ocl.info.driver + "-next"))
     assert k != build.cache_key(SOURCE, "-DSG_FP64", ocl.cache_key)
-    assert ocl.info.driver in ocl.cache_key and ocl.info.name in ocl.cache_key
+    assert ocl.info.driver in ocl.cache_key
+    assert ocl.info.name in ocl.cache_key
     assert ocl.info.platform_version in ocl.cache_key
 
 
@@ -198,9 +199,10 @@ def test_cache_off_and_unwritable(ocl, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SINGA_OPENCL_CACHE", str(blocker / "sub"))
+    monkeypatch.setattr(build, "_warned_write", False)
     with pytest.warns(RuntimeWarning, match="cannot write the kernel cache"):
-        build._warned_write = False
-        assert _works(ocl, _build(ocl, SOURCE + "\n/* unwritable */\n"))
+        prog = _build(ocl, SOURCE + "\n/* unwritable */\n")
+    assert _works(ocl, prog)
 
 
 def test_device_programs_use_the_cache(ocl, cache):
@@ -228,7 +230,9 @@ def test_build_error_carries_log_and_name(ocl, cache):
     e = err.value
     assert e.program == "test:broken"
     assert "undeclared_thing" in e.log
-    assert "test:broken" in str(e) and "undeclared_thing" in str(e) and ocl.name in str(e)
+    assert "test:broken" in str(e)
+    assert "undeclared_thing" in str(e)
+    assert ocl.name in str(e)
     assert not list(cache.glob("test_broken-*")), "a failed build must not leave a cache entry"
 
 
@@ -250,7 +254,8 @@ def test_float16_off_gives_a_clear_error(ocl, monkeypatch):
                  lambda: dev.table["cast"](View(dev.alloc(64), F32, (8,)), x)):
         with pytest.raises(UnsupportedDtypeError, match="float16") as err:
             call()
-        assert dev.name in str(err.value) and ocl.info.name in str(err.value)
+        assert dev.name in str(err.value)
+        assert ocl.info.name in str(err.value)
         assert "SINGA_OPENCL_FP16" in str(err.value)
     with pytest.raises(TypeError, match="float16"):
         tensor.Tensor((2, 3), dev, tensor.float16)
@@ -357,7 +362,9 @@ def _probe(**env) -> dict:
 
 def test_without_icd_loader():
     rep = _probe(SINGA_OPENCL_LIBRARY="/nonexistent/libOpenCL.so.1")
-    assert rep["count"] == 0 and rep["num"] == 0 and rep["failures"] == []
+    assert rep["count"] == 0
+    assert rep["num"] == 0
+    assert rep["failures"] == []
     assert "ICD loader" in rep["info"]["status"]
 
 
@@ -368,10 +375,12 @@ def test_without_platform(tmp_path):
         pytest.skip("no ICD loader here")
     # ocl-icd reads the vendor list from OCL_ICD_VENDORS: an empty folder means no platform at all
     rep = _probe(OCL_ICD_VENDORS=str(tmp_path))
-    assert rep["count"] == 0 and rep["failures"] == []
+    assert rep["count"] == 0
+    assert rep["failures"] == []
     assert "pocl-opencl-icd" in rep["info"]["status"]
     proc = _run("import singa; from singa import device; device.create_opencl_device()", OCL_ICD_VENDORS=str(tmp_path))
-    assert proc.returncode != 0 and "0 device(s)" in proc.stderr
+    assert proc.returncode != 0
+    assert "0 device(s)" in proc.stderr
 
 
 def test_info_lists_the_device(ocl):

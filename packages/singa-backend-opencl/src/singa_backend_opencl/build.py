@@ -19,6 +19,7 @@ build log.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -156,10 +157,8 @@ def _read_entry(path: Path) -> bytes | None:
 
 def _discard(path: Path) -> None:
     stats["rejected"] += 1
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
-    except OSError:
-        pass
 
 
 _warned_write = False

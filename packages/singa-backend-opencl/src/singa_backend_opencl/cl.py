@@ -4,8 +4,8 @@ Nothing is compiled: the declarations below are matched against `libOpenCL.so.1`
 missing, `lib` is None and `load_error` says why; the backend then reports no devices instead of failing `import singa`.
 
 `clSetKernelArg` and `clEnqueueFillBuffer` take their values as `const char *`, so a `bytes` object (from
-`struct.pack`) can be handed over without allocating a cdata: OpenCL copies the value during the call. Buffers keep the bytes of their `cl_mem` pointer
-for the same reason (`device.ClBuffer.arg`).
+`struct.pack`) can be handed over without allocating a cdata: OpenCL copies the value during the call. Buffers keep
+the bytes of their `cl_mem` pointer for the same reason (`device.ClBuffer.arg`).
 """
 
 from __future__ import annotations

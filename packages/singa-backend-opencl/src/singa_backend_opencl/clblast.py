@@ -93,7 +93,8 @@ def _load():
             return ffi.dlopen(name), None
         except OSError as exc:
             errors.append(f"{name}: {exc}")
-    return None, "CLBlast could not be loaded (" + "; ".join(errors) + "); install it with `apt-get install libclblast1`"
+    return None, ("CLBlast could not be loaded (" + "; ".join(errors)
+                  + "); install it with `apt-get install libclblast1`")
 
 
 lib, load_error = (None, cl.load_error) if cl.lib is None else _load()

@@ -95,8 +95,8 @@ def _src_reduce(dev, tin: str, tout: str) -> str:
 
 
 def _src_arg(dev, tin: str) -> str:
-    return _types(_dt(tin), "TIN", "LD", "ST_UNUSED") + f"#define IS_FLOAT {int(_dt(tin) in FLOATS)}\n#define SG_ARG\n" \
-        + _read("reduce.cl")
+    head = _types(_dt(tin), "TIN", "LD", "ST_UNUSED")
+    return head + f"#define IS_FLOAT {int(_dt(tin) in FLOATS)}\n#define SG_ARG\n" + _read("reduce.cl")
 
 
 def _src_gemm(dev, dt: str) -> str:
@@ -461,8 +461,8 @@ def _cast(out, x) -> None:
     dev = out.buffer.device
     if x.dtype not in SUFFIX or out.dtype not in SUFFIX or x.dtype not in dev.dtypes or out.dtype not in dev.dtypes:
         raise _dtype_error("cast", (out, x), tuple(d for d in SUFFIX if d in dev.dtypes))
-    _run_layout(dev, f"cast:{SUFFIX[x.dtype]}:{SUFFIX[out.dtype]}", f"sg_cast_{SUFFIX[x.dtype]}_{SUFFIX[out.dtype]}", out.shape,
-                (out, x), ())
+    src, dst = SUFFIX[x.dtype], SUFFIX[out.dtype]
+    _run_layout(dev, f"cast:{src}:{dst}", f"sg_cast_{src}_{dst}", out.shape, (out, x), ())
 
 
 def _where(out, cond, a, b) -> None:
@@ -712,7 +712,7 @@ class _Geometry:
         self.N, self.C, self.H, self.W = x_shape
         self.K, cg, self.kh, self.kw = w_shape
         self.G = int(groups)
-        if self.G < 1 or self.C != cg * self.G or self.K % self.G or tuple(y_shape[:2]) != (self.N, self.K):
+        if self.G < 1 or cg * self.G != self.C or self.K % self.G or tuple(y_shape[:2]) != (self.N, self.K):
             raise _shape_error(name, views, f"channels do not match with groups={self.G}")
         self.sh, self.sw = _pair(stride, "stride")
         self.dh, self.dw = _pair(dilation, "dilation")

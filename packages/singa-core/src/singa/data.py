@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_idx", "load_mnist", "load_digits_28x28", "resize_bilinear", "batches", "MNIST_FILES", "IDX_DTYPES"]
+__all__ = ["read_idx", "load_mnist", "load_digits_28x28", "resize_bilinear", "batches", "IDXFormatError", "MNIST_FILES",
+           "IDX_DTYPES"]
 
 # IDX type byte -> big-endian numpy dtype (the format as described with the MNIST database).
 IDX_DTYPES = {

@@ -54,7 +54,8 @@ def _sign(x):
 def _pymod(a, b):
     with np.errstate(divide="ignore", invalid="ignore"):
         if np.issubdtype(a.dtype, np.integer):
-            out = np.where(b == 0, 0, np.mod(a, np.where(b == 0, 1, b)))
+            bad = (b == 0) | (b == -1)
+            out = np.where(bad, 0, np.mod(a, np.where(bad, 1, b)))
             return out.astype(a.dtype)
         return np.mod(a, b)
 
@@ -62,8 +63,11 @@ def _pymod(a, b):
 def _cdiv(a, b):
     # C semantics: integer division truncates toward zero; division by zero yields 0 for integers (never a trap)
     if np.issubdtype(a.dtype, np.integer):
-        safe = np.where(b == 0, 1, b)
-        q = np.trunc(a.astype(np.float64) / safe).astype(a.dtype)
+        safe = np.where((b == 0) | (b == -1), 1, b)
+        q = a // safe  # floor division, exact; then round toward zero where the signs differ
+        q = np.where(((a - q * safe) != 0) & ((a < 0) != (safe < 0)), q + 1, q)
+        with np.errstate(over="ignore"):
+            q = np.where(b == -1, -a, q)  # wraps for the minimum integer, as the C expression does
         return np.where(b == 0, 0, q).astype(a.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         return a / b
@@ -71,8 +75,8 @@ def _cdiv(a, b):
 
 def _cfmod(a, b):
     if np.issubdtype(a.dtype, np.integer):
-        safe = np.where(b == 0, 1, b)
-        return np.where(b == 0, 0, np.fmod(a, safe)).astype(a.dtype)
+        safe = np.where((b == 0) | (b == -1), 1, b)
+        return np.where((b == 0) | (b == -1), 0, np.fmod(a, safe)).astype(a.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.fmod(a, b)
 
@@ -153,14 +157,15 @@ BINARY = [
     E("add", 2, "a + b", np.add, NUMERIC),
     E("sub", 2, "a - b", np.subtract, NUMERIC),
     E("mul", 2, "a * b", np.multiply, NUMERIC),
-    E("div", 2, "a / b", _cdiv, NUMERIC, int_expr="(b == 0 ? 0 : a / b)", domain=(0.5, 3.0)),
+    # integer division guards b == 0 and b == -1 (INT_MIN / -1 traps on x86; x / -1 is -x, wrapping)
+    E("div", 2, "a / b", _cdiv, NUMERIC, int_expr="(b == 0 ? 0 : (b == -1 ? -a : a / b))", domain=(0.5, 3.0)),
     E("pow", 2, "pow(a, b)", np.power, domain=(0.1, 3.0)),
     E("maximum", 2, "((a > b || a != a) ? a : b)", _fmax, NUMERIC),
     E("minimum", 2, "((a < b || a != a) ? a : b)", np.minimum, NUMERIC),
-    E("fmod", 2, "fmod(a, b)", _cfmod, NUMERIC, int_expr="(b == 0 ? 0 : a % b)", domain=(0.5, 3.0),
+    E("fmod", 2, "fmod(a, b)", _cfmod, NUMERIC, int_expr="((b == 0 || b == -1) ? 0 : a % b)", domain=(0.5, 3.0),
       doc="C fmod: the result has the sign of the dividend"),
     E("mod", 2, "(fmod(a, b) != 0 && ((fmod(a, b) < 0) != (b < 0)) ? fmod(a, b) + b : fmod(a, b))", _pymod, NUMERIC,
-      int_expr="(b == 0 ? 0 : ((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b))", domain=(0.5, 3.0),
+      int_expr="((b == 0 || b == -1) ? 0 : ((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b))", domain=(0.5, 3.0),
       doc="Python modulo: the result has the sign of the divisor"),
     E("prelu", 2, "(a < 0 ? b * a : a)", lambda a, b: np.where(a < 0, b * a, a), doc="a: input, b: slope"),
     E("logical_and", 2, "(a && b)", np.logical_and, (dt.bool_,), out_bool=True),

@@ -379,6 +379,9 @@ class Optimizer:
             st = self._states.get(id(p))
             if st is not None and st.param is p:
                 st.tensors.pop("master", None)  # p is no longer trained through a master
+            if self._pending:  # a float16 checkpoint's master, loaded for what is now a float32 parameter
+                label = st.name if st is not None and st.param is p else (name if isinstance(name, str) else p.name)
+                self._pending.pop(f"{label}/master", None)
             w = p
         g = g if gu is None else gu
         if g.dtype != w.dtype:

@@ -76,7 +76,7 @@ SPECIAL = [
       "mode makes windows run past the padded input; they are clipped). padding is (top, left, bottom, right). For "
       "'max', padded positions never win and `indices` (int64, out's shape, or None) receives the flat index h*W+w of "
       "the winner in its (n, c) plane (a window with no element inside the input gives 0 and index -1). For "
-      "'avg' the divisor counts the window's elements inside [0, H) x [0, W), plus, with count_include_pad, those "
+      "'avg' `indices`, if given, is filled with -1; the divisor counts the window's elements inside [0, H) x [0, W), plus, with count_include_pad, those "
       "inside the declared padding.", "nn"),
     P("pool2d_backward", ("dx",), ("dy", "x", "indices?"), ("kernel", "stride", "padding", "dilation", "mode", "count_include_pad"),
       "Gradient of pool2d: 'max' scatters dy to `indices` (from the forward), 'avg' spreads dy over each window with "
@@ -100,7 +100,8 @@ SPECIAL = [
       "Per-row loss of softmax(x) for x (N, C): target int32/int64 labels (N,) or x-dtype distributions (N, C). "
       "loss is (N,).", "loss"),
     P("softmax_cross_entropy_backward", ("dx",), ("dloss", "x", "target"), (),
-      "dx = (softmax(x) - onehot(target)) * dloss[:, None]; dloss is (N,).", "loss"),
+      "dx = (softmax(x) * sum(t, 1) - t) * dloss[:, None] with t = onehot(target) or the target rows (the exact "
+      "gradient, also for rows that do not sum to 1); dloss is (N,).", "loss"),
     # -- indexing ---------------------------------------------------------------------------------------------------
     P("gather", ("out",), ("x", "indices"), ("axis",),
       "ONNX Gather: out = take(x, indices, axis); indices int32/int64, negative counts from the end; out.shape = "
@@ -117,7 +118,7 @@ SPECIAL = [
       "random"),
     P("random_normal", ("out",), (), ("mean", "std", "seed", "offset"),
       "Normal floats: element i is mean + std * sqrt(-2 ln(1 - u_{2i})) * cos(2 pi u_{2i+1}) with u_j drawn at "
-      "offset + j (Box-Muller).", "random"),
+      "offset + j (Box-Muller): the caller reserves 2 * n draws.", "random"),
     P("random_bernoulli", ("out",), (), ("p", "seed", "offset"), "1 where u_i < p else 0, in out.dtype.", "random"),
 ]
 

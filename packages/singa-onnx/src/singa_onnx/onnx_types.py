@@ -49,10 +49,13 @@ def supported(t: int | None) -> bool:
     return t is None or t in _STORAGE or t == F.STRING
 
 
-def storage(t: int | None) -> int:
-    """The SINGA dtype that carries ONNX type t (float32 when unknown)."""
+def storage(t: int | None, device=None) -> int:
+    """The SINGA dtype that carries ONNX type t (float32 when unknown). Doubles stay float64 on a `device` that
+    declares float64 kernels."""
     if t is None:
         return sdt.float32
+    if t == F.DOUBLE and device is not None and sdt.float64 in device.dtypes:
+        return sdt.float64
     try:
         return _STORAGE[t]
     except KeyError:

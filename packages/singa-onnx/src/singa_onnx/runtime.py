@@ -555,9 +555,9 @@ class ImportedGraph:
         if arr.dtype == object or arr.dtype.kind in "SU" or t == ot.F.STRING:
             return arr  # strings stay on the host
         if t and t in ot.INT_TYPES | ot.FLOAT_TYPES | {ot.F.BOOL}:
-            code = ot.storage(t)
+            code = ot.storage(t, dev)
         else:
-            code = ot.storage(ot.from_np(arr.dtype))
+            code = ot.storage(ot.from_np(arr.dtype), dev)
         from singa_onnx.ops._common import host_to_tensor
 
         return host_to_tensor(arr, dev, code)

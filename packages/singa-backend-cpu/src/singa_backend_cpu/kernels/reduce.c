@@ -234,11 +234,7 @@ static void store(int op, int in_float, const char *acc, int64_t i, int out_dtyp
         }
     } else {
         int64_t v = ((const int64_t *)acc)[i];
-        if (op == OP_MEAN) { /* integer mean floors, like Python's // */
-            int64_t q = v / count;
-            if (v % count != 0 && (v < 0) != (count < 0)) q--;
-            v = q;
-        }
+        if (op == OP_MEAN) v = v / count; /* integer mean truncates toward zero (primitives.reduce_mean) */
         switch (out_dtype) {
         case SG_F32: ((float *)out)[i] = (float)v; break;
         case SG_F16: ((sg_half *)out)[i] = (sg_half)v; break;

@@ -9,6 +9,12 @@ from singa_onnx.ops import (  # noqa: F401 - imported for their registrations
     math,
     nn,
     norm,
+    quant,
     reduce,
+    resize,
+    rnn,
     shape,
+    signal,
+    text,
+    vision,
 )

@@ -53,7 +53,7 @@ def host_to_tensor(arr: np.ndarray, dev, code: int | None = None) -> Tensor:
     if code is None:
         if arr.dtype == object:
             raise TypeError("string data cannot be moved to a device")
-        code = ot.storage(ot.from_np(arr.dtype))
+        code = ot.storage(ot.from_np(arr.dtype), dev)
     npd = sdt.to_numpy_dtype(code)
     if arr.dtype != npd:
         if npd.kind in "iu" and arr.dtype.kind == "f":

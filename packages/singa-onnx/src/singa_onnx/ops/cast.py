@@ -40,12 +40,9 @@ def cast_value(node, x, src: int | None, dst: int):
                           dtype=ot.np_dtype(dst)).reshape(a.shape)
     if isinstance(x, np.ndarray):
         return ot.wrap_host(x, dst)
-    code = ot.storage(dst)
+    code = ot.storage(dst, x.device)
     if x.dtype in FLOATS and code in FLOATS:
-        y = autograd.cast(x, code) if x.dtype != code else x
-        if dst == TP.DOUBLE or src == TP.DOUBLE:
-            return y
-        return y
+        return autograd.cast(x, code) if x.dtype != code else x
     if x.dtype in FLOATS and code in sdt.INTS and dst in ot.UNSIGNED:
         # negative floats into unsigned types wrap (what C and numpy do for in-range magnitudes)
         y = ops.cast(x, sdt.int64)

@@ -85,7 +85,7 @@ def pow_(node, inputs, opset):
 @register("Mod")
 def mod(node, inputs, opset):
     a, b = _pair(node, inputs)
-    if node.attr("fmod", 0) or a.dtype in FLOATS:
+    if node.attr("fmod", 0):
         return ops.fmod(a, b)
     return ops.mod(a, b)
 
@@ -307,11 +307,18 @@ def _pow2(x: Tensor, k: Tensor) -> Tensor:
 def bit_shift(node, inputs, opset):
     x, y = _pair(node, inputs)
     t = in_type(node, 0, inputs[0])
+    width = _bits(t, x.dtype)
+    shape = ops.broadcast_shapes("BitShift", x.shape, y.shape)
+    x, y = ops.copy(ops.broadcast_to(x, shape)), ops.copy(ops.broadcast_to(y, shape))
+    valid = ops.logical_and(ops.ge(y, const_like(y, 0)), ops.lt(y, const_like(y, width)))
+    k = ops.clip(y, 0, min(width - 1, 62))
     if node.attr("direction") == "LEFT":
-        r = ops.mul(x, _pow2(x, y))
-        return wrap_int(r, t)
-    # unsigned right shift = floor division by 2**y (values are non-negative)
-    return ops.div(x, _pow2(x, y))
+        r = wrap_int(ops.mul(x, _pow2(x, k)), t)
+        return ops.where(valid, r, const_like(x, 0))
+    # right shifts are floor divisions by 2**y (arithmetic for signed types); past the width: the sign fill
+    r = ops.floor_divide(x, _pow2(x, k))
+    fill = ops.where(ops.lt(x, const_like(x, 0)), const_like(x, -1), const_like(x, 0))
+    return ops.where(valid, r, fill)
 
 
 def _bits(t: int | None, code: int) -> int:

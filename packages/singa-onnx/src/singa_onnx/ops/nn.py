@@ -435,20 +435,22 @@ def max_unpool(node, inputs, opset):
     x = tensor(node, inputs[0], slot=0)
     idx = tensor(node, inputs[1], sdt.int64, slot=1)
     nsp = len(x.shape) - 2
+    kernel = list(node.attr("kernel_shape"))
+    strides = list(node.attr("strides") or [1] * nsp)
+    pads = list(node.attr("pads") or [0] * (2 * nsp))
+    inferred = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] + kernel[i] - pads[i] - pads[nsp + i]
+                                    for i in range(nsp)]
+    n = math.prod(inferred)
+    flat = ops.scatter_add(ops.full((n,), 0, x.dtype, x.device), ops.reshape(ops.contiguous(idx), (-1,)),
+                           ops.reshape(ops.contiguous(x), (-1,)), 0)
+    y = ops.reshape(flat, inferred)
     if len(inputs) > 2 and inputs[2] is not None:
         from singa_onnx.ops._common import ints
 
         out = ints(inputs[2])
-    else:
-        kernel = list(node.attr("kernel_shape"))
-        strides = list(node.attr("strides") or [1] * nsp)
-        pads = list(node.attr("pads") or [0] * (2 * nsp))
-        out = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * strides[i] + kernel[i] - pads[i] - pads[nsp + i]
-                                   for i in range(nsp)]
-    n = math.prod(out)
-    flat = ops.scatter_add(ops.full((n,), 0, x.dtype, x.device), ops.reshape(ops.contiguous(idx), (-1,)),
-                           ops.reshape(ops.contiguous(x), (-1,)), 0)
-    return ops.reshape(flat, out)
+        # the indices address the inferred shape; a given output shape pads (or crops) at the end
+        y = ops.pad(y, [0] * len(out) + [o - d for o, d in zip(out, inferred)])
+    return y
 
 
 # -- softmax family -------------------------------------------------------------------------------------------------

@@ -122,7 +122,10 @@ def lp_norm(node, inputs, opset):
         n = autograd.reduce_sum(autograd.abs(x), [ax], 1)
     else:
         n = autograd.sqrt(autograd.reduce_sum(autograd.mul(x, x), [ax], 1))
-    return autograd.div(x, n)
+    # an all-zero slice stays zero (not 0 / 0)
+    zero = ops.eq(n, const_like(n, 0))
+    safe = autograd.where(const_like(n, 1), n, zero)
+    return autograd.div(x, safe)
 
 
 @register("MeanVarianceNormalization")

@@ -147,7 +147,9 @@ def _reduce_device(node, inputs, opset):
         return autograd.identity(x) if x.dtype in FLOATS else x
     if any(x.shape[a] == 0 for a in axes):
         value = _EMPTY[node.op_type]
-        if x.dtype in INTS:
+        if x.dtype == sdt.bool_:
+            value = {math.inf: True, -math.inf: False}.get(value, False)
+        elif x.dtype in INTS:
             info = np.iinfo(sdt.to_numpy_dtype(x.dtype))
             value = {math.inf: info.max, -math.inf: info.min}.get(value, 0 if math.isnan(value) else value)
         kshape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))

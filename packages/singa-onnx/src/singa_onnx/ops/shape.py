@@ -421,10 +421,10 @@ def depth_to_space(node, inputs, opset):
 @register("SpaceToDepth")
 def space_to_depth(node, inputs, opset):
     x = tensor(node, inputs[0])
-    b = node.attr("blocksize")
+    b, mode = node.attr("blocksize"), node.attr("mode", "DCR")
     if _grad_ok(x):
-        return autograd.space_to_depth(x, b, "DCR")
-    return autograd._space_to_depth(x, b, "DCR")
+        return autograd.space_to_depth(x, b, mode)
+    return autograd._space_to_depth(x, b, mode)
 
 
 @register("Trilu", static=(1,))
