@@ -424,3 +424,79 @@ def test_products_without_clblast(ocl):
     """, SINGA_CLBLAST_LIBRARY="")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
+
+
+# -- paths that only large inputs take, forced on small ones ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_convolution_in_chunks(ocl, monkeypatch, groups):
+    """Images unfolded a few at a time (as when the unfolded matrix would not fit) give the one-chunk results."""
+    from singa.testing.conformance.references import conv_backward_data_ref, conv_backward_weight_ref, conv_ref
+    from singa_backend_opencl import table
+
+    gen = np.random.default_rng(13)
+    x = gen.uniform(-1, 1, (7, 4, 9, 8)).astype(np.float32)
+    w = gen.uniform(-1, 1, (6, 4 // groups, 3, 3)).astype(np.float32)
+    b = gen.uniform(-1, 1, 6).astype(np.float32)
+    p = {"stride": (2, 1), "padding": (1, 0, 1, 2), "dilation": (1, 2), "groups": groups}
+    oh, ow = 5, 6
+    dy = gen.uniform(-1, 1, (7, 6, oh, ow)).astype(np.float32)
+    monkeypatch.setattr(table, "COL_BUDGET", 4 * 9 * oh * ow * 3)  # room for three images at a time
+    y = H.empty(ocl, (7, 6, oh, ow), F32)
+    ocl.table["conv2d"](y, H.upload(ocl, x), H.upload(ocl, w), H.upload(ocl, b), **p)
+    ax, aw, ady = np.abs(x), np.abs(w), np.abs(dy)
+    H.assert_close(H.download(ocl, y), conv_ref(x, w, b, oh, ow, **p), F32,
+                   scale=conv_ref(ax, aw, np.abs(b), oh, ow, **p), what="conv2d in chunks")
+    dx = H.empty(ocl, x.shape, F32)
+    ocl.table["conv2d_backward_data"](dx, H.upload(ocl, dy), H.upload(ocl, w), **p)
+    H.assert_close(H.download(ocl, dx), conv_backward_data_ref(dy, w, x.shape, **p), F32,
+                   scale=conv_backward_data_ref(ady, aw, x.shape, **p), what="conv2d_backward_data in chunks")
+    dw = H.empty(ocl, w.shape, F32)
+    ocl.table["conv2d_backward_weight"](dw, H.upload(ocl, dy), H.upload(ocl, x), **p)
+    H.assert_close(H.download(ocl, dw), conv_backward_weight_ref(dy, x, w.shape, **p), F32,
+                   scale=conv_backward_weight_ref(ady, ax, w.shape, **p), what="conv2d_backward_weight in chunks")
+
+
+def test_reductions_over_every_axis_subset_of_4d(ocl):
+    # kept and reduced axes interleaved every way: merged, the (A, K, B) kernel, or gathered by a copy first
+    import itertools
+
+    gen = np.random.default_rng(17)
+    x = gen.uniform(-5, 5, (3, 4, 5, 6)).astype(np.float32)
+    xi = gen.integers(-9, 9, (3, 4, 5, 6)).astype(np.int64)
+    for r in range(5):
+        for axes in itertools.combinations(range(4), r):
+            for name, ref in (("reduce_sum", np.sum), ("reduce_max", np.max), ("reduce_min", np.min)):
+                for arr, dt in ((x, F32), (xi, dtypes.int64)):
+                    want = ref(arr.astype(np.float64 if dt == F32 else np.int64), axis=axes)
+                    out = H.empty(ocl, want.shape, dt)
+                    ocl.table[name](out, H.upload(ocl, arr, offset=1), axes=axes)
+                    H.assert_close(H.download(ocl, out), want, dt, scale=np.abs(arr).sum(axis=axes),
+                                   what=f"{name} {dtypes.name(dt)} axes {axes}")
+
+
+def test_float16_normalisation_matches_cpu(ocl):
+    """float16 batch normalisation (per-channel vectors in float16 too) and softmax give the CPU backend's results."""
+    cpu = _cpu()
+    gen = np.random.default_rng(19)
+    x = gen.normal(0.5, 2, (6, 3, 5, 4)).astype(np.float16)
+    dy = gen.normal(0, 1, x.shape).astype(np.float16)
+    vecs = [gen.uniform(0.5, 2, 3).astype(np.float16) for _ in range(4)]
+    got = []
+    for dev in (cpu, ocl):
+        y, rm, rv, sm, si = (H.empty(dev, s, dtypes.float16) for s in (x.shape, (3,), (3,), (3,), (3,)))
+        dev.write(rm, vecs[2])
+        dev.write(rv, vecs[3])
+        xv = H.upload(dev, x)
+        dev.table["batchnorm_train"](y, rm, rv, sm, si, xv, H.upload(dev, vecs[0]), H.upload(dev, vecs[1]),
+                                     momentum=0.9, eps=1e-5)
+        dx, ds, db = H.empty(dev, x.shape, dtypes.float16), H.empty(dev, (3,), dtypes.float16), \
+            H.empty(dev, (3,), dtypes.float16)
+        dev.table["batchnorm_backward"](dx, ds, db, H.upload(dev, dy), xv, H.upload(dev, vecs[0]), sm, si)
+        sx = H.empty(dev, (6, 60), dtypes.float16)
+        dev.table["log_softmax"](sx, H.upload(dev, x.reshape(6, 60)), axis=1)
+        got.append([H.download(dev, v) for v in (y, rm, rv, sm, si, dx, ds, db, sx)])
+    for name, c, o in zip(("y", "running_mean", "running_var", "saved_mean", "saved_invstd", "dx", "dscale",
+                           "dbias", "log_softmax"), *got):
+        H.assert_close(o, c.astype(np.float64), dtypes.float16, rtol=2e-3, atol=2e-3, what=name)
