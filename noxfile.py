@@ -27,6 +27,8 @@ nox.options.error_on_missing_interpreters = True
 # Used only when a pyproject cannot be read (no tomllib/tomli on the Python that runs nox).
 FALLBACK_BUILD_REQUIRES = ["setuptools>=64", "wheel", "cffi>=1.15"]
 TORCH = "torch==2.13.0"
+ONNX_REQUIREMENTS = ["onnx==1.23.2", "onnxruntime==1.31.1"]
+DEMO_REQUIREMENTS = ["scikit-learn", "matplotlib", *ONNX_REQUIREMENTS]
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=7"
 
@@ -54,8 +56,11 @@ def _build_requires(paths: list[Path]) -> list[str]:
     return sorted(reqs)
 
 
-def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_opencl: bool = False) -> list[Path]:
+def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_opencl: bool = False,
+              with_onnx: bool = False) -> list[Path]:
     paths = [CORE]
+    if with_onnx:
+        paths.append(ROOT / "packages" / "singa-onnx")
     if with_cpu:
         paths.append(CPU)
     if with_opencl:
@@ -68,10 +73,10 @@ def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_openc
 
 
 def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with_test_plugins: bool = False,
-                  with_opencl: bool = False) -> None:
+                  with_opencl: bool = False, with_onnx: bool = False) -> None:
     """Install singa-core (+ the CPU backend, + the test plugins, + the OpenCL backend) from this checkout, and
     `extra` requirements."""
-    paths = _packages(with_cpu, with_test_plugins, with_opencl)
+    paths = _packages(with_cpu, with_test_plugins, with_opencl, with_onnx)
     for p in paths:
         if not (p / "pyproject.toml").is_file():
             session.error(f"{p.relative_to(ROOT)} has no pyproject.toml")
@@ -116,10 +121,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The quick-start example on the default device (SINGA_DEVICE picks another)."""
-    install_singa(session)
+    """The main job: train the MNIST CNN on scikit-learn's digits in graph mode, export it to ONNX, check it with
+    onnxruntime and re-import it (examples/mnist_cnn/train.py; SINGA_DEVICE picks the device, `-- --epochs 2` etc.)."""
+    install_singa(session, *DEMO_REQUIREMENTS, with_onnx=True)
     session.chdir(ROOT)
-    session.run("python", "examples/quickstart.py", *session.posargs)
+    session.run("python", "examples/mnist_cnn/train.py", *session.posargs)
 
 
 @nox.session
