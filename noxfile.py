@@ -103,7 +103,11 @@ def _pytest(session: nox.Session, *args: str) -> bool:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit and integration tests, then the backend conformance suite on every installed device."""
-    install_singa(session, PYTEST, with_test_plugins=True, with_opencl=True)
+    # singa-onnx with the onnx / onnxruntime it is tested against (tests/test_onnx_*.py, the onnx backend suite)
+    # torch (optimizer references), scikit-learn and matplotlib (the demo's data and plot): without them those tests
+    # would skip, and a skip must never hide a failure in CI
+    install_singa(session, PYTEST, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib", with_test_plugins=True,
+                  with_opencl=True, with_onnx=True)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
     failed = []

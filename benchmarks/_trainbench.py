@@ -2,8 +2,9 @@
 graph mode) and of its PyTorch twin, from the same initial weights on the same data, timed and compared.
 
 Per framework and mode:
-* the losses of `LOSS_STEPS` SGD steps (momentum 0.9, lr 0.01) on fixed batches (real digits where scikit-learn is
-  installed), from singa's initial weights (torch gets them copied in); the max relative difference to torch's;
+* the losses of `LOSS_STEPS` SGD steps (`EARLY_STEPS` with --quick; momentum 0.9, lr 0.01) on fixed batches (real
+  digits where scikit-learn is installed), from singa's initial weights (torch gets them copied in); the max
+  relative difference to torch's;
 * the step time over `repeat` rounds of `number` steps after `warmup` steps, the contestants taking turns round by
   round (each singa round ends with `dev.synchronize()`): mean and fastest round;
 * for singa, the device pool's peak bytes in use over steady-state steps (`dev.pool.reset_peak()` first), each mode
@@ -66,8 +67,8 @@ def make_batches(spec: Spec, n: int, seed: int = 0) -> tuple[list[tuple[np.ndarr
     order = rng.permutation(len(digits.target))[:n * spec.batch]
     if len(order) < n * spec.batch:
         order = np.resize(order, n * spec.batch)
-    x = data.resize_bilinear(digits.images[order] / 16.0, (h, w))
-    x = np.repeat(((x - x.mean()) / x.std())[:, None], c, axis=1).astype(np.float32)
+    x = data.resize_bilinear(digits.images / 16.0, (h, w))
+    x = np.repeat(((x - x.mean()) / x.std())[order, None], c, axis=1).astype(np.float32)  # the same for any n
     y = digits.target[order].astype(np.int32)
     batches = [(x[i * spec.batch:(i + 1) * spec.batch], y[i * spec.batch:(i + 1) * spec.batch]) for i in range(n)]
     return batches, (f"scikit-learn's handwritten digits resized to {h}×{w}" + (f", repeated over {c} channels"
@@ -105,26 +106,30 @@ def singa_stepper(spec: Spec, dev, use_graph: bool, init, batches) -> Callable[[
     return step
 
 
-def torch_stepper(spec: Spec, init, batches, nudge: float = 0.0) -> Callable[[int], object]:
-    """step(i): one training step of a fresh torch twin (singa's initial weights) on batch i; returns the loss."""
+def torch_stepper(spec: Spec, init, batches, nudge: float = 0.0, float64: bool = False) -> Callable[[int], object]:
+    """step(i): one training step of a fresh torch twin (singa's initial weights) on batch i; returns the loss.
+    `float64`: the whole computation in double precision (the reference arithmetic)."""
     import _torch_models as tm
 
     module = spec.make_torch()
     tm.load_singa_weights(module, init)
     if nudge:
         tm.nudge(module, nudge)
+    if float64:
+        module = module.double()
     module.train()
     optim = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
-    data = [(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))) for x, y in batches]
+    dtype = torch.float64 if float64 else torch.float32
+    data = [(torch.from_numpy(x).to(dtype), torch.from_numpy(y.astype(np.int64))) for x, y in batches]
     return lambda i: tm.train_step(module, optim, *data[i % len(data)])
 
 
-def singa_losses_and_peak(spec: Spec, dev, use_graph: bool, init, batches) -> Result:
-    """The LOSS_STEPS losses of a singa model, and its pool's peak bytes over `PEAK_STEPS` more steps (this model
+def singa_losses_and_peak(spec: Spec, dev, use_graph: bool, init, batches, n_loss: int) -> Result:
+    """The first `n_loss` losses of a singa model, and its pool's peak bytes over `PEAK_STEPS` more steps (this model
     alone on the device: whatever else was allocated is freed first)."""
     gc.collect()
     step = singa_stepper(spec, dev, use_graph, init, batches)
-    losses = [float(tensor.to_numpy(step(i)[1]).reshape(-1)[0]) for i in range(LOSS_STEPS)]
+    losses = [float(tensor.to_numpy(step(i)[1]).reshape(-1)[0]) for i in range(n_loss)]
     dev.synchronize()
     gc.collect()
     dev.pool.reset_peak()
@@ -168,31 +173,35 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 
 
 def loss_diffs(r: Result, ref: Result | None) -> list[str | None]:
-    """Max relative loss differences over the first EARLY_STEPS and over all LOSS_STEPS steps, as text."""
+    """Max relative loss differences over the first EARLY_STEPS steps and over all steps, as text."""
     if ref is None:
         return [None, None]
-    return [f"{max_rel_diff(r.losses[:n], ref.losses[:n]):.1e}" for n in (EARLY_STEPS, LOSS_STEPS)]
+    return [f"{max_rel_diff(r.losses[:n], ref.losses[:n]):.1e}" for n in (EARLY_STEPS, len(ref.losses))]
 
 
 def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     """The table of one model: singa eager, singa graph, torch (and torch nudged by `nudge`, loss only)."""
     dev = benchlib.singa_device()
     timing = spec.quick_timing if quick else spec.timing
-    batches, data_desc = make_batches(spec, LOSS_STEPS)
+    n_loss = EARLY_STEPS if quick else LOSS_STEPS
+    batches, data_desc = make_batches(spec, n_loss)
     init = initial_states(spec, dev)
     have_torch = torch is not None and spec.make_torch is not None
 
     # Losses and peak memory, one model at a time.
-    res = {"singa eager": singa_losses_and_peak(spec, dev, False, init, batches),
-           "singa graph": singa_losses_and_peak(spec, dev, True, init, batches)}
+    res = {"singa eager": singa_losses_and_peak(spec, dev, False, init, batches, n_loss),
+           "singa graph": singa_losses_and_peak(spec, dev, True, init, batches, n_loss)}
     if have_torch:
         ref_step = torch_stepper(spec, init, batches)
-        res["torch"] = Result([float(ref_step(i)) for i in range(LOSS_STEPS)])
+        res["torch"] = Result([float(ref_step(i)) for i in range(n_loss)])
         del ref_step
         if nudge:
             nudged = torch_stepper(spec, init, batches, nudge)
-            res["torch nudged"] = Result([float(nudged(i)) for i in range(LOSS_STEPS)])
+            res["torch nudged"] = Result([float(nudged(i)) for i in range(n_loss)])
             del nudged
+        exact = torch_stepper(spec, init, batches, float64=True)
+        res["torch float64"] = Result([float(exact(i)) for i in range(n_loss)])
+        del exact
 
     # Step times, the contestants taking turns.
     steppers = {"singa eager": (singa_stepper(spec, dev, False, init, batches), dev.synchronize),
@@ -208,9 +217,11 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         title=spec.title,
         script=spec.script,
         headers=["framework / mode", "step mean (ms)", "best round (ms)", "vs torch (mean)", "vs torch (best)",
-                 "peak memory (MiB)", f"loss max rel. diff vs torch, steps 1-{EARLY_STEPS}", f"steps 1-{LOSS_STEPS}"],
+                 "peak memory (MiB)", f"loss max rel. diff vs torch, steps 1-{EARLY_STEPS}", f"steps 1-{n_loss}",
+                 f"vs torch float64, steps 1-{EARLY_STEPS}", f"steps 1-{n_loss}"],
     )
     ref = res.get("torch")
+    f64 = res.get("torch float64")
 
     def row(name: str, label: str, diff_to: Result | None):
         r = res[name]
@@ -218,7 +229,8 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         best = None if r.step_best is None else r.step_best * 1e3
         mib = None if r.peak_bytes is None else r.peak_bytes / 2**20
         return [label, ms, best, ratio(r.step_s, ref.step_s) if ref else None,
-                ratio(r.step_best, ref.step_best) if ref else None, mib, *loss_diffs(r, diff_to)]
+                ratio(r.step_best, ref.step_best) if ref else None, mib, *loss_diffs(r, diff_to),
+                *loss_diffs(r, f64)]
 
     table.rows += [row("singa eager", "singa eager", ref), row("singa graph", "singa graph", ref)]
     if have_torch:
@@ -227,7 +239,7 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         table.rows.append(row("torch nudged", f"torch, weights + {nudge:g}·N(0,1)", ref))
     e, g = res["singa eager"], res["singa graph"]
     table.rows.append(["singa graph / eager", None, None, ratio(g.step_s, e.step_s), ratio(g.step_best, e.step_best),
-                       ratio(g.peak_bytes, e.peak_bytes), *loss_diffs(g, e)])
+                       ratio(g.peak_bytes, e.peak_bytes), *loss_diffs(g, e), None, None])
     threads = f"torch {torch.get_num_threads()} threads" if torch is not None else "torch not installed"
     warmup, repeat, number = timing
     table.notes.append(
@@ -236,13 +248,17 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         f"with the batch copied into the placeholders). Step time: {repeat} rounds of {number} steps each after "
         f"{warmup} warm-up steps, singa eager, singa graph and torch taking turns round by round; mean and fastest "
         "round, per step. Peak memory: the singa device pool's bytes in use over steady-state steps (parameters, "
-        f"optimizer state, activations, the graph's planned arena), each mode alone. Loss: the {LOSS_STEPS} losses "
+        f"optimizer state, activations, the graph's planned arena), each mode alone. Loss: the {n_loss} losses "
         "of singa and torch from the same initial weights (singa's, copied into torch) on the same batches "
         f"({data_desc}); the last row compares graph with eager mode.")
     if "torch nudged" in res:
         table.notes.append(
             f"PyTorch's own spread: the same torch run with every initial weight moved by {nudge:g}·N(0,1); "
             "singa's difference to torch is to be read against it.")
+    if f64 is not None:
+        table.notes.append(
+            "The last two columns compare each float32 run with the same training in float64 (torch, double "
+            "precision throughout): how far float32 rounding alone moves the losses, for singa and for torch.")
     table.losses = {k: v.losses for k, v in res.items()}
     return table
 

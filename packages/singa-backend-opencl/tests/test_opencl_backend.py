@@ -88,7 +88,8 @@ def test_uniform_draws_bit_identical_to_cpu(ocl, seed, offset, n):
     from singa_backend_opencl.table import philox_u32
 
     assert philox_u32(ocl, seed, offset, n) == cpu_words(seed, offset, n)
-    for dtype, (low, high) in [(F32, (0.0, 1.0)), (F32, (-2.5, 3.75)), (F32, (0.1, 0.3)), (dtypes.float16, (-1, 7))]:
+    for dtype, (low, high) in [(F32, (0.0, 1.0)), (F32, (-2.5, 3.75)), (F32, (0.1, 0.3)), (dtypes.float16, (-1, 7)),
+                               (dtypes.float16, (-2.3, 3.7)), (dtypes.float16, (0.1, 0.3))]:
         got = []
         for dev in (cpu, ocl):
             out = H.empty(dev, (n,), dtype)
@@ -345,12 +346,16 @@ def test_index_errors_leave_outputs_alone(ocl):
 
 PROBE = """
     import json, warnings
-    warnings.simplefilter("error")  # no plugin warning either: a missing OpenCL is not a broken plugin
-    import singa
-    from singa import plugins, device
-    b = plugins.registry().backends["opencl"]
-    print(json.dumps({"count": b.device_count(), "info": b.info(), "num": device.get_num_opencl_devices(),
-                      "failures": [f.name for f in plugins.registry().failures]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import singa
+        from singa import plugins, device
+        b = plugins.registry().backends["opencl"]
+        report = {"count": b.device_count(), "info": b.info(), "num": device.get_num_opencl_devices(),
+                  "failures": [f.name for f in plugins.registry().failures if "opencl" in f.name]}
+    # no warning about us either: a missing OpenCL is not a broken plugin (other plugins may warn: not ours)
+    report["warnings"] = [str(w.message) for w in caught if "opencl" in str(w.message).lower()]
+    print(json.dumps(report))
 """
 
 
@@ -362,6 +367,7 @@ def _probe(**env) -> dict:
 
 def test_without_icd_loader():
     rep = _probe(SINGA_OPENCL_LIBRARY="/nonexistent/libOpenCL.so.1")
+    assert rep["warnings"] == []
     assert rep["count"] == 0
     assert rep["num"] == 0
     assert rep["failures"] == []
@@ -375,6 +381,7 @@ def test_without_platform(tmp_path):
         pytest.skip("no ICD loader here")
     # ocl-icd reads the vendor list from OCL_ICD_VENDORS: an empty folder means no platform at all
     rep = _probe(OCL_ICD_VENDORS=str(tmp_path))
+    assert rep["warnings"] == []
     assert rep["count"] == 0
     assert rep["failures"] == []
     assert "pocl-opencl-icd" in rep["info"]["status"]
@@ -500,3 +507,14 @@ def test_float16_normalisation_matches_cpu(ocl):
     for name, c, o in zip(("y", "running_mean", "running_var", "saved_mean", "saved_invstd", "dx", "dscale",
                            "dbias", "log_softmax"), *got):
         H.assert_close(o, c.astype(np.float64), dtypes.float16, rtol=2e-3, atol=2e-3, what=name)
+
+
+def test_integer_mean_truncates(ocl):
+    # primitives.reduce_mean: integer means truncate toward zero; an empty one is 0
+    x = np.array([[-7, -1, 0], [5, 2, 1], [-3, -3, -4]], np.int64)
+    out = H.empty(ocl, (3,), dtypes.int64)
+    ocl.table["reduce_mean"](out, H.upload(ocl, x), axes=(1,))
+    assert H.download(ocl, out).tolist() == [-2, 2, -3]
+    out = H.empty(ocl, (4,), dtypes.int32)
+    ocl.table["reduce_mean"](out, H.upload(ocl, np.zeros((0, 4), np.int32)), axes=(0,))
+    assert H.download(ocl, out).tolist() == [0, 0, 0, 0]

@@ -118,6 +118,7 @@ class OpenclDevice(Device):
                                    info.version))
         self._programs: dict[str, build.Program] = {}
         self._kernels: dict[tuple, object] = {}
+        self._small_wg: dict = {}
         self._scratch: dict[str, object] = {}
         # a kernel's arguments are state of the kernel object: setting them and enqueueing is one step per thread
         self._launch_lock = threading.Lock()
@@ -193,7 +194,16 @@ class OpenclDevice(Device):
         k = self._kernels.get((program, name))
         if k is None:
             k = self._kernels[(program, name)] = self.program(program).kernel(name)
+            size = ffi.new("size_t *")
+            cl.check(cl.lib.clGetKernelWorkGroupInfo(k, self.info.device_id, cl.CL_KERNEL_WORK_GROUP_SIZE,
+                                                     ffi.sizeof("size_t"), size, _NULL), "clGetKernelWorkGroupInfo")
+            if size[0] < self.wg:  # a kernel too heavy for the usual group (registers, on a GPU): a smaller power of 2
+                self._small_wg[k] = 1 << (int(size[0]).bit_length() - 1)
         return k
+
+    def group_size(self, kernel) -> int:
+        """The work-group size `launch` uses for `kernel` (kernels with __local arrays size them by it)."""
+        return self._small_wg.get(kernel, self.wg)
 
     def launch(self, kernel, n: int, args, local: int | None = None) -> None:
         """Run `kernel` over n work-items (rounded up to whole work-groups of `local`, default self.wg).
@@ -202,7 +212,7 @@ class OpenclDevice(Device):
         `arg`), or an int for that many bytes of __local memory.
         """
         setarg = cl.lib.clSetKernelArg
-        wg = local or self.wg
+        wg = local or self._small_wg.get(kernel, self.wg)
         total = -(-n // wg) * wg
         with self._launch_lock:
             for i, a in enumerate(args):

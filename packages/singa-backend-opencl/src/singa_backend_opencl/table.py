@@ -44,9 +44,11 @@ _STORAGE = {F32: "float", F16: "half", I32_: "int", I64_: "long", BOOL: "uchar"}
 _BITS = codegen.BITS
 
 
-def _types(dtype: int, t: str = "T", ld: str = "LD", st: str = "ST") -> str:
+def _types(dtype: int, t: str = "T", ld: str = "LD", st: str = "ST", from_acc: bool = False) -> str:
+    """Macros naming a dtype's storage type, load and store; `from_acc`: stores round once from sg_acc."""
     m = _MACRO[dtype]
-    return f"#define {t} {_STORAGE[dtype]}\n#define {ld} SG_LD_{m}\n#define {st} SG_ST_{m}\n"
+    store = f"SG_ST_{m}_ACC" if from_acc and dtype == F16 else f"SG_ST_{m}"
+    return f"#define {t} {_STORAGE[dtype]}\n#define {ld} SG_LD_{m}\n#define {st} {store}\n"
 
 
 _BY_NAME = {name: dt for dt, name in SUFFIX.items()}
@@ -90,7 +92,7 @@ def _src_ew(dev, name: str, dt: str) -> str:
 
 def _src_reduce(dev, tin: str, tout: str) -> str:
     tin_, tout_ = _dt(tin), _dt(tout)
-    return (_types(tin_, "TIN", "LD", "LD_UNUSED") + _types(tout_, "TOUT", "LD_OUT_UNUSED", "ST")
+    return (_types(tin_, "TIN", "LD", "LD_UNUSED") + _types(tout_, "TOUT", "LD_OUT_UNUSED", "ST", from_acc=True)
             + f"#define IS_FLOAT {int(tin_ in FLOATS)}\n" + _read("reduce.cl"))
 
 
@@ -143,7 +145,7 @@ _SOURCES: dict[str, Callable] = {
                                      + _read("indexing.cl"),
     "pad": lambda dev, size: f"#define E {_BITS[int(size)]}\n#define TI int\n" + _read("indexing.cl"),
     "scatter": _src_scatter,
-    "random": lambda dev, dt: _types(_dt(dt), "TOUT", "LD", "ST") + _read("random.cl"),
+    "random": lambda dev, dt: _types(_dt(dt), "TOUT", "LD", "ST", from_acc=True) + _read("random.cl"),
 }
 
 
@@ -544,17 +546,19 @@ def _make_reduce(name: str) -> Callable:
         prog = f"reduce:{SUFFIX[x.dtype]}:{SUFFIX[out.dtype]}"
         xh, oh = view.buffer.handle.arg, out.buffer.handle.arg
         if mid:
-            dev.launch(dev.kernel(prog, f"sg_red_{op}_mid"), length * dev.wg,
-                       (I64(outer), I64(length), I64(inner), xh, I64(view.offset), oh, I64(out.offset),
-                        dev.wg * _acc_size(dev, x.dtype)))
+            kern = dev.kernel(prog, f"sg_red_{op}_mid")
+            wg = dev.group_size(kern)
+            dev.launch(kern, length * wg, (I64(outer), I64(length), I64(inner), xh, I64(view.offset), oh,
+                                           I64(out.offset), wg * _acc_size(dev, x.dtype)))
             return
         if inner == 1 and length >= 256:
-            wg = dev.wg
+            kern = dev.kernel(prog, f"sg_red_{op}_rows")
+            wg = dev.group_size(kern)
             # segments per row: enough work-groups to fill the device, each still a few rounds of work-items
             split = max(1, min(-(-length // (4 * wg)), -(-4 * dev.info.compute_units // outer), 1024))
             asz = _acc_size(dev, x.dtype)
             part = dev.alloc(outer * split * asz) if split > 1 else None
-            dev.launch(dev.kernel(prog, f"sg_red_{op}_rows"), outer * split * wg,
+            dev.launch(kern, outer * split * wg,
                        (I64(length), I64(split), xh, I64(view.offset), oh, I64(out.offset),
                         (part or out.buffer).handle.arg, wg * asz))
             if split > 1:
@@ -1012,8 +1016,9 @@ def _batchnorm_train(y, running_mean, running_var, saved_mean, saved_invstd, x, 
     sc, bi, rm, rv = _Vec(scale), _Vec(bias), _Vec(running_mean), _Vec(running_var)
     sm, si = _Vec(saved_mean, read=False), _Vec(saved_invstd, read=False)
     coef = dev.alloc(3 * c * _acc_size(dev, F32))
-    wg = dev.wg
-    dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_stats"), c * wg,
+    kern = dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_stats")
+    wg = dev.group_size(kern)
+    dev.launch(kern, c * wg,
                (I64(n), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), *_vec_args(sc, bi, rm, rv, sm, si),
                 _acc(dev, momentum), _acc(dev, eps), coef.handle.arg, wg * _acc_size(dev, F32)))
     for v in (rm, rv, sm, si):
@@ -1052,10 +1057,11 @@ def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invst
     sc, sm, si = _Vec(scale), _Vec(saved_mean), _Vec(saved_invstd)
     ds, db = _Vec(dscale, read=False), _Vec(dbias, read=False)
     coef = dev.alloc(3 * c * _acc_size(dev, F32))
-    wg = dev.wg
     prog = f"bn:{SUFFIX[x.dtype]}"
     sc_a, sm_a, si_a, ds_a, db_a = _vec_args(sc, sm, si, ds, db)
-    dev.launch(dev.kernel(prog, "sg_bn_bwd_stats"), c * wg,
+    kern = dev.kernel(prog, "sg_bn_bwd_stats")
+    wg = dev.group_size(kern)
+    dev.launch(kern, c * wg,
                (I64(n), I64(c), I64(s), dy.buffer.handle.arg, I64(dy.offset), x.buffer.handle.arg, I64(x.offset),
                 sc_a, sm_a, si_a, ds_a, db_a, coef.handle.arg, wg * _acc_size(dev, F32)))
     ds.done()
@@ -1090,8 +1096,9 @@ def _make_softmax(name: str, log: int) -> Callable:
             return
         prog = f"softmax:{SUFFIX[x.dtype]}"
         if inner == 1 and length >= _ROWS_MIN:
-            wg = dev.wg
-            dev.launch(dev.kernel(prog, "sg_softmax_rows"), outer * wg,
+            kern = dev.kernel(prog, "sg_softmax_rows")
+            wg = dev.group_size(kern)
+            dev.launch(kern, outer * wg,
                        (I64(length), I32(log), x.buffer.handle.arg, I64(x.offset), out.buffer.handle.arg,
                         I64(out.offset), wg * _acc_size(dev, F32)))
             return
@@ -1117,8 +1124,9 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
         args = (dy.buffer.handle.arg, I64(dy.offset), y.buffer.handle.arg, I64(y.offset), dx.buffer.handle.arg,
                 I64(dx.offset))
         if inner == 1 and length >= _ROWS_MIN:
-            wg = dev.wg
-            dev.launch(dev.kernel(prog, "sg_softmax_bwd_rows"), outer * wg,
+            kern = dev.kernel(prog, "sg_softmax_bwd_rows")
+            wg = dev.group_size(kern)
+            dev.launch(kern, outer * wg,
                        (I64(length), I32(log), *args, wg * _acc_size(dev, F32)))
             return
         dev.launch(dev.kernel(prog, "sg_softmax_bwd_cols"), outer * inner,

@@ -1,7 +1,7 @@
 """singa-onnx: ONNX import and export for SINGA, also reachable as `singa.sonnx`.
 
-Import: `prepare(onnx_model, device=dev)` returns a `SingaRep` whose `run(inputs, last_layers=-1)` returns the outputs as
-a list; `SONNXModel(onnx_model)` is a `singa.model.Model` (inference, re-training, transfer learning);
+Import: `prepare(onnx_model, device=dev)` returns a `SingaRep` whose `run(inputs, last_layers=-1)` returns the outputs
+as a list; `SONNXModel(onnx_model)` is a `singa.model.Model` (inference, re-training, transfer learning);
 `SingaBackend` is an `onnx.backend.base.Backend`. Export: `to_onnx(inputs, outputs)` and `SingaFrontend`.
 """
 
@@ -22,17 +22,22 @@ __all__ = [
     "UnsupportedOperatorError", "NodeError", "__version__",
 ]
 
-# Export lives in frontend.py, written alongside this package; until it exists the import side works on its own.
+# Export lives in frontend.py, written alongside this package. Import keeps working without it (or if it fails to
+# import); the export names then raise the reason when used.
 try:
-    from singa_onnx.frontend import SingaFrontend, to_onnx  # noqa: F401
-except ImportError as _exc:  # pragma: no cover - only while frontend.py is missing
-    if getattr(_exc, "name", None) not in ("singa_onnx.frontend",):
-        raise
-else:
+    from singa_onnx import frontend as _frontend
+except ImportError as _exc:  # pragma: no cover - only while frontend.py is missing or broken
+    _why = f"ONNX export is unavailable: {_exc}"
+
+    def to_onnx(*args, **kwargs):
+        raise ImportError(_why)
+
+    class SingaFrontend:
+        def __init__(self, *args, **kwargs):
+            raise ImportError(_why)
+
     __all__ += ["SingaFrontend", "to_onnx"]
-    try:
-        from singa_onnx.frontend import singa_to_onnx_graph, singa_to_onnx_model  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        __all__ += ["singa_to_onnx_graph", "singa_to_onnx_model"]
+else:
+    _names = [n for n in getattr(_frontend, "__all__", ["SingaFrontend", "to_onnx"]) if n not in __all__]
+    globals().update({n: getattr(_frontend, n) for n in _names})
+    __all__ += _names

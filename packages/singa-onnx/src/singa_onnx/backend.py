@@ -7,9 +7,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper
-from onnx.backend.base import Backend
+from onnx.backend.base import Backend, DeviceType
 from onnx.backend.base import Device as OnnxDevice
-from onnx.backend.base import DeviceType
 
 from singa import device as device_mod
 from singa import plugins

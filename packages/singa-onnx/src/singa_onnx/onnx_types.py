@@ -28,12 +28,32 @@ _STORAGE = {
     F.INT64: sdt.int64,
     F.UINT64: sdt.int64,
     F.BOOL: sdt.bool_,
+    F.FLOAT8E4M3FN: sdt.float32,
+    F.FLOAT8E4M3FNUZ: sdt.float32,
+    F.FLOAT8E5M2: sdt.float32,
+    F.FLOAT8E5M2FNUZ: sdt.float32,
+    F.FLOAT8E8M0: sdt.float32,
+    F.FLOAT4E2M1: sdt.float32,
+    F.INT4: sdt.int32,
+    F.UINT4: sdt.int32,
+    F.INT2: sdt.int32,
+    F.UINT2: sdt.int32,
 }
-FLOAT_TYPES = frozenset({F.FLOAT, F.DOUBLE, F.FLOAT16, F.BFLOAT16})
-INT_TYPES = frozenset({F.INT8, F.UINT8, F.INT16, F.UINT16, F.INT32, F.UINT32, F.INT64, F.UINT64})
-UNSIGNED = frozenset({F.UINT8, F.UINT16, F.UINT32, F.UINT64})
+# (mantissa bits, smallest normal exponent, largest finite value, has inf, keeps -0) of the small float formats
+SMALL_FLOATS = {
+    F.FLOAT8E4M3FN: (3, -6, 448.0, False, True),
+    F.FLOAT8E4M3FNUZ: (3, -7, 240.0, False, False),
+    F.FLOAT8E5M2: (2, -14, 57344.0, True, True),
+    F.FLOAT8E5M2FNUZ: (2, -15, 57344.0, False, False),
+    F.FLOAT4E2M1: (1, 0, 6.0, False, True),
+}
+FLOAT_TYPES = frozenset({F.FLOAT, F.DOUBLE, F.FLOAT16, F.BFLOAT16, F.FLOAT8E8M0} | set(SMALL_FLOATS))
+INT_TYPES = frozenset({F.INT8, F.UINT8, F.INT16, F.UINT16, F.INT32, F.UINT32, F.INT64, F.UINT64, F.INT4, F.UINT4,
+                       F.INT2, F.UINT2})
+UNSIGNED = frozenset({F.UINT8, F.UINT16, F.UINT32, F.UINT64, F.UINT4, F.UINT2})
 # integer types narrower than their carrier: results are wrapped to their range where ONNX defines wrap-around
-NARROW_INTS = {F.INT8: 8, F.UINT8: 8, F.INT16: 16, F.UINT16: 16, F.UINT32: 32}
+NARROW_INTS = {F.INT8: 8, F.UINT8: 8, F.INT16: 16, F.UINT16: 16, F.UINT32: 32, F.INT4: 4, F.UINT4: 4, F.INT2: 2,
+               F.UINT2: 2}
 
 
 def name(t: int | None) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from onnx.backend.base import BackendRep
 
+from singa import autograd
 from singa.backend import Device
 from singa.tensor import Tensor
 from singa_onnx.ops._common import host_to_tensor
@@ -46,7 +47,10 @@ class SingaRep(BackendRep):
         `all_outputs=True` returns {name: value} of everything computed."""
         imp = self.imported
         feeds, as_tensors = imp.feed(inputs, self.device)
-        rt = Runtime(self.device, self.tensor_map, training=False)
+        # training semantics (batch statistics, dropout) when autograd records and the imported tensors are being
+        # trained, as the earlier API's re-training does; a frozen import under new layers keeps inference semantics
+        training = autograd.training and any(t.stores_grad for t in self.tensor_map.values())
+        rt = Runtime(self.device, self.tensor_map, training=training)
         outs, names, vals = imp.run(rt, feeds, last_layers, aux_output, all_outputs)
         if all_outputs:
             return {k: self._out(v, k, as_tensors) for k, v in vals.items()}

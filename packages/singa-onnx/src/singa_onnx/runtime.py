@@ -8,7 +8,6 @@ value only until its last use.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,8 +21,6 @@ from singa.tensor import Tensor
 from singa_onnx import onnx_types as ot
 from singa_onnx.errors import NodeError, UnsupportedOperatorError
 from singa_onnx.registry import OpEntry, lookup
-
-OLDEST_OPSET = 1
 
 
 class OnnxAttributes(dict):
@@ -245,7 +242,7 @@ def _function_program(fp: onnx.FunctionProto, node: OnnxNode, importer: Importer
 
 def _call_function(node: OnnxNode, inputs: list, opset: int) -> tuple:
     prog, formal_in, formal_out = node.function
-    feeds = {f: v for f, v in zip(formal_in, list(inputs) + [None] * len(formal_in))}
+    feeds = dict(zip(formal_in, list(inputs) + [None] * len(formal_in)))
     vals = execute(prog, node.rt, feeds)
     return tuple(vals.get(o) for o in formal_out)
 
@@ -284,6 +281,7 @@ class Program:
         self.types = {n: importer.types.get(n) for n in self.all_inputs + self.outputs}
         self.nodes = [OnnxNode(n, i, importer) for i, n in enumerate(graph.node)]
         for node in self.nodes:
+            node.program = self
             self._check(node, importer)
         produced = set(self.all_inputs) | set(self.initializers)
         free: list[str] = []
@@ -313,8 +311,8 @@ class Program:
             return
         for n, t in list(zip(node.inputs, node.in_types)) + list(zip(node.outputs, node.out_types)):
             if n and not ot.supported(t):
-                importer.problems.append((node.name, node.op_type, f"value {n!r} has type {ot.name(t)}, which SINGA "
-                                          "cannot hold"))
+                why = f"value {n!r} has type {ot.name(t)}, which SINGA cannot hold"
+                importer.problems.append((node.name, node.op_type, why))
                 return
 
     def _plan_lifetimes(self) -> None:
@@ -327,12 +325,6 @@ class Program:
         for n, i in last.items():
             if n not in keep:
                 self.release[i].append(n)
-
-    def value_names(self) -> list[str]:
-        names = list(self.all_inputs) + list(self.initializers)
-        for node in self.nodes:
-            names.extend(o for o in node.outputs if o)
-        return names
 
 
 def build_program(model: ModelProto) -> Program:
@@ -356,7 +348,6 @@ class Runtime:
         self.device = device
         self.params = params if params is not None else {}
         self.training = training  # dropout and batch statistics active (imported models being trained)
-        self.const_cache: dict[tuple, Tensor] = {}
 
     @property
     def recording(self) -> bool:
@@ -425,7 +416,7 @@ def run_node(node: OnnxNode, args: list, rt: Runtime, scope: _Scope | None = Non
             out = entry.handler(node, args, node.opset)
     except (NodeError, UnsupportedOperatorError):
         raise
-    except Exception as exc:  # noqa: BLE001 - every failure is re-raised naming the node at fault
+    except Exception as exc:
         shapes = ", ".join(_describe(a) for a in args)
         raise NodeError(f"node {node.name!r} ({node.op_type}, opset {node.opset}) failed on inputs [{shapes}]: "
                         f"{type(exc).__name__}: {exc}") from exc
@@ -433,7 +424,8 @@ def run_node(node: OnnxNode, args: list, rt: Runtime, scope: _Scope | None = Non
         node.rt, node.scope = prev
     if not isinstance(out, tuple):
         out = (out,)
-    return out
+    # numpy reductions and indexing return numpy scalars for 0-d results: keep host values arrays
+    return tuple(np.asarray(o) if isinstance(o, np.generic) else o for o in out)
 
 
 def _describe(a: Any) -> str:
@@ -448,16 +440,6 @@ def _describe(a: Any) -> str:
     if isinstance(a, list):
         return f"sequence of {len(a)}"
     return type(a).__name__
-
-
-@contextlib.contextmanager
-def no_grad():
-    prev = autograd.training
-    autograd.training = False
-    try:
-        yield
-    finally:
-        autograd.training = prev
 
 
 def to_numpy_output(v: Any, t: int | None) -> Any:

@@ -37,8 +37,8 @@ inline acc_t sg_min(acc_t a, acc_t v) { return v < a ? v : a; }
 #if IS_FLOAT
 #define FINISH_MEAN(v, count) ((v) / (sg_acc)(count))
 #else
-/* integer means floor, like Python's // */
-#define FINISH_MEAN(v, count) ((count) == 0 ? 0 : (((v) / (count)) - (((v) % (count) != 0 && ((v) < 0) != ((count) < 0)) ? 1 : 0)))
+/* integer means truncate toward zero (C division); an empty one is 0 */
+#define FINISH_MEAN(v, count) ((count) == 0 ? 0 : (v) / (count))
 #endif
 
 #define REDUCE_KERNELS(NAME, COMBINE, IDENTITY, FINISH)                                                            \

@@ -58,6 +58,8 @@ def host_to_tensor(arr: np.ndarray, dev, code: int | None = None) -> Tensor:
     if arr.dtype != npd:
         if npd.kind in "iu" and arr.dtype.kind == "f":
             arr = np.trunc(arr)
+        elif arr.dtype.kind == "V":  # ml_dtypes (bfloat16, float8, int4 ...): through float32 / int64
+            arr = arr.astype(np.float32 if npd.kind == "f" else np.int64)
         arr = arr.astype(npd)
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
@@ -88,14 +90,14 @@ def tensor(node, v: Any, code: int | None = None, slot: Any = None) -> Tensor:
     return host_to_tensor(arr, dev, code)
 
 
-def inputs_as_tensors(node, inputs: Sequence[Any], code: int | None = None) -> list:
+def inputs_as_tensors(node, inputs: Sequence[Any], code: int | None = None, first_slot: int = 0) -> list:
     """Every present input as a device tensor; host inputs take the dtype of the first device input (ONNX gives the
-    operands of one operator one type), or `code`."""
+    operands of one operator one type), or `code`. `first_slot` is the ONNX input index of inputs[0]."""
     if code is None:
         like = next((v for v in inputs if isinstance(v, Tensor)), None)
         if like is not None:
             code = like.dtype
-    return [None if v is None else tensor(node, v, code, slot=i) for i, v in enumerate(inputs)]
+    return [None if v is None else tensor(node, v, code, slot=first_slot + i) for i, v in enumerate(inputs)]
 
 
 def host(v: Any) -> np.ndarray:

@@ -82,7 +82,20 @@ def pow_(node, inputs, opset):
     return ops.cast(ops.round(r), x.dtype)
 
 
-@register("Mod")
+def _host_mod(node, inputs, opset):
+    a, b = inputs
+    if a.dtype.kind not in "iu":
+        return _device_via(node, inputs, mod)
+    with np.errstate(divide="ignore"):
+        fn = np.fmod if node.attr("fmod", 0) else np.mod
+        return np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b))).astype(a.dtype)
+
+
+def _device_via(node, inputs, handler):
+    return handler(node, [tensor(node, v) for v in inputs], node.opset)
+
+
+@register("Mod", host=_host_mod)
 def mod(node, inputs, opset):
     a, b = _pair(node, inputs)
     if node.attr("fmod", 0):
@@ -103,7 +116,18 @@ def prelu(node, inputs, opset):
 # -- variadic ------------------------------------------------------------------------------------------------------
 
 
-@register(("Max", "Min", "Sum", "Mean"))
+def _host_variadic(node, inputs, opset):
+    xs = [v for v in inputs if v is not None]
+    fn = {"Max": np.maximum, "Min": np.minimum, "Sum": np.add}.get(node.op_type)
+    if fn is None or xs[0].dtype.kind not in "iu":
+        return _device_via(node, xs, variadic)
+    y = xs[0]
+    for x in xs[1:]:
+        y = fn(y, x)
+    return np.asarray(y).astype(xs[0].dtype)
+
+
+@register(("Max", "Min", "Sum", "Mean"), host=_host_variadic)
 def variadic(node, inputs, opset):
     xs = [v for v in inputs_as_tensors(node, inputs) if v is not None]
     if len(xs) == 1:

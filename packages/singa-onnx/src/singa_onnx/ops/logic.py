@@ -51,7 +51,7 @@ def _host_where(node, inputs, opset):
 def where(node, inputs, opset):
     c, x, y = inputs
     c = tensor(node, c, sdt.bool_, slot=0)
-    x, y = inputs_as_tensors(node, [x, y])
+    x, y = inputs_as_tensors(node, [x, y], first_slot=1)
     if x.dtype in FLOATS:
         return autograd.where(x, y, c)
     return ops.where(c, x, y)

@@ -1,5 +1,5 @@
-"""Normalisation: BatchNormalization (SINGA's kernel, any rank), Instance/Layer/Group/RMS normalisation, LpNormalization,
-MeanVarianceNormalization (composed from autograd operators, so they train)."""
+"""Normalisation: BatchNormalization (SINGA's kernel, any rank), Instance/Layer/Group/RMS normalisation,
+LpNormalization, MeanVarianceNormalization (composed from autograd operators, so they train)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ def batch_norm(node, inputs, opset):
         if opset >= 14:
             return y, run_mean, run_var
         return y, run_mean, run_var, bm, bv
+    if autograd.training and not node.rt.training:
+        # gradients wanted, statistics frozen (a feature extractor under new layers): running statistics, composed
+        inv = ops.reciprocal(ops.sqrt(ops.add(var, const_like(var, eps))))
+        y = autograd.mul(autograd.sub(x, _per_channel(mean, nd)), _per_channel(inv, nd))
+        return autograd.add(autograd.mul(y, _per_channel(scale, nd)), _per_channel(bias, nd))
+    # SINGA's kernel: batch statistics (and running-statistics updates) while training, else the running ones
     if nd == 2 or nd == 4:
         return autograd.batchnorm_2d(x, scale, bias, mean, var, momentum, eps)
     # other ranks: normalise per channel on an (N, C, rest, 1) view

@@ -6,15 +6,16 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto as TP
 
-from singa import ops
 from singa import dtypes as sdt
+from singa import ops
 from singa.tensor import Tensor
 from singa_onnx import onnx_types as ot
 from singa_onnx.ops._common import const_like, in_type, norm_axis, scalar, tensor
 from singa_onnx.registry import register
 
 _RANGE = {TP.UINT8: (0, 255), TP.INT8: (-128, 127), TP.UINT16: (0, 65535), TP.INT16: (-32768, 32767),
-          TP.INT32: (-2**31, 2**31 - 1), TP.UINT32: (0, 2**32 - 1)}
+          TP.INT32: (-2**31, 2**31 - 1), TP.UINT32: (0, 2**32 - 1), TP.INT4: (-8, 7), TP.UINT4: (0, 15),
+          TP.INT2: (-2, 1), TP.UINT2: (0, 3)}
 
 
 def _param(node, v, x: Tensor, axis: int, block: int, slot: int) -> Tensor:
@@ -33,7 +34,12 @@ def _param(node, v, x: Tensor, axis: int, block: int, slot: int) -> Tensor:
     return ops.reshape(p, shp)
 
 
-def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, t: int) -> Tensor:
+def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, t: int, saturate: bool = True) -> Tensor:
+    if t in ot.SMALL_FLOATS:
+        from singa_onnx.ops.cast import round_small_float
+
+        y = ops.div(x, scale)
+        return round_small_float(y if zp is None else ops.add(y, zp), t, saturate)
     y = ops.round(ops.div(x, scale))
     if zp is not None:
         y = ops.add(y, zp)
@@ -51,9 +57,9 @@ def quantize_linear(node, inputs, opset):
     zp_v = inputs[2] if len(inputs) > 2 else None
     t = node.attr("output_dtype", 0) or (in_type(node, 2, zp_v) if zp_v is not None else TP.UINT8)
     zp = _param(node, zp_v, xf, axis, block, 2) if zp_v is not None else None
-    if t not in _RANGE:
+    if t not in _RANGE and t not in ot.SMALL_FLOATS:
         raise TypeError(f"QuantizeLinear to {ot.name(t)} is not supported")
-    return quantize(xf, scale, zp, t)
+    return quantize(xf, scale, zp, t, bool(node.attr("saturate", 1)))
 
 
 @register("DequantizeLinear")
@@ -94,8 +100,8 @@ def qlinear_matmul(node, inputs, opset):
 
 @register("QLinearConv")
 def qlinear_conv(node, inputs, opset):
-    from singa_onnx.ops.nn import _conv_attrs, conv_nd
     from singa_onnx.ops._common import spatial_pads
+    from singa_onnx.ops.nn import _conv_attrs, conv_nd
 
     x, sx, zx = _deq(node, inputs, 0, 0)
     w, sw, zw = _deq(node, inputs, 3, 3)
@@ -175,3 +181,36 @@ def adam(node, inputs, opset):
         vs.append(v_new)
         hs.append(h_new)
     return tuple(xs + vs + hs)
+
+
+@register("Gradient", domain=_TRAINING)
+def gradient(node, inputs, opset):
+    """d y / d x for the named xs, by re-running the nodes between them and y under singa's autograd."""
+    from singa import autograd
+    from singa_onnx.runtime import _Scope, run_node
+
+    prog = node.program
+    xs, y = list(node.attr("xs")), node.attr("y")
+    pos = prog.nodes.index(node)
+    needed, chosen = {y}, []
+    for n in reversed(prog.nodes[:pos]):
+        if any(o in needed for o in n.outputs):
+            chosen.append(n)
+            needed.update(i for i in n.inputs if i)
+    leaves = {}
+    for name, v in zip(xs, inputs):
+        t = ops.copy(tensor(node, v))
+        t.requires_grad, t.stores_grad = True, True
+        leaves[name] = t
+    prev = autograd.training
+    autograd.training = True
+    try:
+        scope = _Scope(dict(leaves), node.scope)
+        for n in reversed(chosen):
+            outs = run_node(n, [scope.get(i) if i else None for i in n.inputs], node.rt, scope)
+            scope.vals.update((o, v) for o, v in zip(n.outputs, outs) if o)
+        grads = {id(p): g for p, g in autograd.backward(scope.get(y))}
+    finally:
+        autograd.training = prev
+    return tuple(grads.get(id(leaves[name]), ops.full(leaves[name].shape, 0, leaves[name].dtype,
+                                                       leaves[name].device)) for name in xs)

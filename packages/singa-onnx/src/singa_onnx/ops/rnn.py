@@ -96,19 +96,24 @@ def _run_rnn(node, inputs, kind: str):
         # input projections of every step at once: (T*N, in) @ (in, G*h)
         xw = autograd.matmul(autograd.reshape(X, [T * N, X.shape[2]]), autograd.transpose(Wd, [1, 0]))
         if B is not None:
-            Bd = _row(inputs_as_tensors(node, [B], dt)[0], d)
+            Bd = _row(inputs_as_tensors(node, [B], dt, first_slot=3)[0], d)
             wb = autograd.slice(Bd, [0], [G * hidden], [0])
             rb = autograd.slice(Bd, [G * hidden], [2 * G * hidden], [0])
             xw = autograd.add(xw, wb)
         else:
             rb = None
         xw = autograd.reshape(xw, [T, N, G * hidden])
-        h = _row(inputs_as_tensors(node, [h0], dt)[0], d) if h0 is not None else ops.full((N, hidden), 0, dt, dev)
+        h = ops.full((N, hidden), 0, dt, dev)
+        if h0 is not None:
+            h = _row(inputs_as_tensors(node, [h0], dt, first_slot=5)[0], d)
         c = None
         if kind == "LSTM":
-            c = _row(inputs_as_tensors(node, [c0], dt)[0], d) if c0 is not None else ops.full((N, hidden), 0, dt,
-                                                                                             dev)
-        peep = _row(inputs_as_tensors(node, [P], dt)[0], d) if (kind == "LSTM" and P is not None) else None
+            c = ops.full((N, hidden), 0, dt, dev)
+            if c0 is not None:
+                c = _row(inputs_as_tensors(node, [c0], dt, first_slot=6)[0], d)
+        peep = None
+        if kind == "LSTM" and P is not None:
+            peep = _row(inputs_as_tensors(node, [P], dt, first_slot=7)[0], d)
         f = acts[d]
         reverse = direction == "reverse" or d == 1
         steps = range(T - 1, -1, -1) if reverse else range(T)

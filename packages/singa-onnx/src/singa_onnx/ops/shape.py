@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from singa import autograd, ops
 from singa import dtypes as sdt
 from singa.tensor import Tensor
@@ -377,7 +378,7 @@ def constant_of_shape(node, inputs, opset):
 
 
 def _range_values(start, limit, delta):
-    n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    n = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
     dt = np.asarray(start).dtype
     return (np.asarray(start) + np.arange(n, dtype=np.float64 if dt.kind == "f" else np.int64)
             * np.asarray(delta)).astype(dt)

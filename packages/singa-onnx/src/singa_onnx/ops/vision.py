@@ -158,8 +158,8 @@ def roi_align(node, inputs, opset):
         if half != "half_pixel":
             rw, rh = max(rw, 1.0), max(rh, 1.0)
         bh, bw = rh / oh, rw / ow
-        gh = ratio if ratio > 0 else int(math.ceil(rh / oh))
-        gw = ratio if ratio > 0 else int(math.ceil(rw / ow))
+        gh = ratio if ratio > 0 else math.ceil(rh / oh)
+        gw = ratio if ratio > 0 else math.ceil(rw / ow)
         cells = []
         for ph in range(oh):
             for pw in range(ow):
