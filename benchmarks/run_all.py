@@ -12,13 +12,17 @@ import sys
 import time
 from pathlib import Path
 
+import train_cnn
+import train_resnet
+
 import bench_elementwise
 import bench_matmul
+import bench_onnx
 import bench_opencl
 import bench_overhead
 import benchlib
 
-BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_opencl]
+BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, train_cnn, train_resnet, bench_opencl, bench_onnx]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
