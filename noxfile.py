@@ -135,7 +135,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against numpy and PyTorch (CPU); rewrites docs/performance.md. `-- --quick` for a short run."""
-    install_singa(session, TORCH, *ONNX_REQUIREMENTS, with_opencl=True, with_onnx=True)
+    install_singa(session, TORCH, "scikit-learn", *ONNX_REQUIREMENTS, with_opencl=True, with_onnx=True)
     session.chdir(ROOT)
     command = " ".join(["nox", "-s", "bench", *(["--", *session.posargs] if session.posargs else [])])
     session.run("python", "benchmarks/run_all.py", "--output", "docs/performance.md", "--command", command,

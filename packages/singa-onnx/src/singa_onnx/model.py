@@ -24,20 +24,22 @@ class _Initializers(layer.Layer):
         self.__dict__["by_onnx_name"] = {}
 
     def create(self, name: str, arr: np.ndarray, like: Tensor, trainable: bool) -> Tensor:
+        # an ONNX name that is also one of the layer's own attributes ("name", "_layers" ...) gets a prefix
+        local = name if name not in self.__dict__ and not hasattr(type(self), name) else f"onnx:{name}"
         t = host_to_tensor(arr, like.device)
         t.requires_grad = trainable
         t.stores_grad = trainable
-        t.name = self._prefix() + name
+        t.name = self._prefix() + local
         names = self.__dict__.setdefault("_param_names" if trainable else "_state_names", [])
-        names.append(name)
-        object.__setattr__(self, name, t)
-        self.__dict__["by_onnx_name"][name] = t
+        names.append(local)
+        object.__setattr__(self, local, t)
+        self.__dict__["by_onnx_name"][name] = local
         return t
 
     def tensors(self) -> dict[str, Tensor]:
         # looked up at every run: load_states and set_params write in place, but a user may also rebind one
         d = self.__dict__
-        return {n: d[n] for n in d["by_onnx_name"]}
+        return {n: d[local] for n, local in d["by_onnx_name"].items()}
 
 
 class SONNXModel(model.Model):

@@ -37,9 +37,26 @@ def _conv2d(x, w, b, strides, pads, dils, group):
     return autograd.conv2d(x, w, b, tuple(strides), (pads[0], pads[1], pads[2], pads[3]), tuple(dils), group)
 
 
+def _pointwise(x: Tensor, w: Tensor, b: Tensor | None, strides) -> Tensor:
+    """A 1x1 convolution as one matrix product W (K, C) @ x (N, C, positions): the same sums, and several times
+    faster than the convolution kernel for the small channel counts of squeeze / shuffle blocks."""
+    if any(s != 1 for s in strides):
+        nd = len(x.shape)
+        x = autograd.slice(x, [0] * (nd - 2), list(x.shape[2:]), list(range(2, nd)), list(strides))
+    N, C = x.shape[:2]
+    spatial = list(x.shape[2:])
+    K = w.shape[0]
+    y = autograd.matmul(autograd.reshape(w, [K, C]), autograd.reshape(x, [N, C, math.prod(spatial)]))
+    if b is not None:
+        y = autograd.add(y, autograd.reshape(b, [K, 1]))
+    return autograd.reshape(y, [N, K] + spatial)
+
+
 def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, strides, pads, dils, group: int) -> Tensor:
     """ONNX Conv for 1-D, 2-D and higher spatial ranks on the 2-D kernel."""
     nsp = len(x.shape) - 2
+    if group == 1 and all(k == 1 for k in w.shape[2:]) and not any(pads) and x.dtype in FLOATS:
+        return _pointwise(x, w, b, strides)
     if nsp == 2:
         return _conv2d(x, w, b, strides, pads, dils, group)
     if nsp == 1:
