@@ -1677,3 +1677,14 @@ def test_reshape_fuzz_against_numpy():
         views += r.buffer is t.buffer
         np.testing.assert_array_equal(N(r), a.reshape(tuple(dims)))
     assert views > 50  # the no-copy path is exercised, not just the copy
+
+
+def test_flatten_negative_axis_counts_from_the_end():
+    from singa import ops
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = tensor.from_numpy(x)
+    for axis, shape in [(-1, (6, 4)), (-3, (1, 24)), (0, (1, 24)), (3, (24, 1)), (1, (2, 12))]:
+        y = tensor.to_numpy(ops.flatten(t, axis))
+        assert y.shape == shape, (axis, y.shape)
+        np.testing.assert_array_equal(y, x.reshape(shape))

@@ -757,7 +757,8 @@ def flatten(x: Tensor, axis: int = 1) -> Tensor:
     nd = len(x.shape)
     if not -nd <= axis <= nd:
         raise ValueError(f"flatten: axis {axis} is out of range for shape {x.shape}")
-    axis %= nd + 1 if nd else 1
+    if axis < 0:  # ONNX: a negative axis counts from the end, so -1 keeps the last axis apart
+        axis += nd
     return reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
