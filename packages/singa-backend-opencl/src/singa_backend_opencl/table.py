@@ -20,7 +20,7 @@ import math
 import struct
 from collections.abc import Callable
 
-from singa import dtypes, expressions
+from singa import dtypes, expressions, kernel_args
 from singa.backend import View, contiguous_strides
 from singa_backend_opencl import clblast, codegen
 from singa_backend_opencl.device import F32 as PF32
@@ -262,36 +262,13 @@ def _new(dev, shape: tuple, dtype: int) -> View:
     return View(dev.alloc(max(math.prod(shape), 1) * ITEMSIZE[dtype]), dtype, shape)
 
 
-def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    value = tuple(int(x) for x in value)
-    if len(value) != 2:
-        raise ValueError(f"{name} must be an int or a pair, got {value}")
-    return value
-
-
-def _padding4(value) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right); an int or a symmetric (h, w) pair are accepted too."""
-    if isinstance(value, int):
-        return value, value, value, value
-    value = tuple(int(x) for x in value)
-    if len(value) == 2:
-        return value[0], value[1], value[0], value[1]
-    if len(value) != 4:
-        raise ValueError(f"padding must be (top, left, bottom, right), got {value}")
-    return value
+_pair = kernel_args.pair
+_padding4 = kernel_args.padding4
+_split = kernel_args.split
 
 
 def _norm_axis(axis: int, ndim: int, name: str) -> int:
-    if not -ndim <= axis < max(ndim, 1):
-        raise ValueError(f"opencl kernel {name}: axis {axis} is out of range for {ndim} dimensions")
-    return axis % ndim if ndim else 0
-
-
-def _split(shape: tuple, axis: int) -> tuple[int, int, int]:
-    """(outer, length, inner) of an axis."""
-    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return kernel_args.norm_axis(axis, ndim, name, "opencl")
 
 
 def _acc(dev, value: float) -> bytes:
