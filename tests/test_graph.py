@@ -279,8 +279,17 @@ def test_plan_never_overlaps_live_blocks(seed):
 
 
 def test_pool_bytes_matches_memory_pool():
-    n = np.array([1, 511, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000, 1 << 23], np.int64)
+    n = np.array([1, 511, 512, 513, 1 << 20, (1 << 20) + 1, 3_000_000, 1 << 23, 9 << 20, (9 << 20) + 1], np.int64)
     assert graph._pool_bytes(n).tolist() == [MemoryPool.size_class(int(v)) for v in n]
+
+
+def test_pool_size_classes_waste_at_most_an_eighth_above_1_mib():
+    rng = np.random.default_rng(0)
+    for n in [(1 << 20) + 1, 9 << 20, 3 << 28, *rng.integers(1 << 20, 1 << 32, 200).tolist()]:
+        cls = MemoryPool.size_class(n)
+        assert n <= cls <= n + n // 8, n
+        assert MemoryPool.size_class(cls) == cls  # a class is its own class: freed blocks are found again
+    assert MemoryPool.size_class(9 << 20) == 9 << 20  # a 512x512x3x3 float32 weight takes 9 MiB, not 16
 
 
 def test_planned_arena_is_smaller_than_the_temporaries(dev):
@@ -288,6 +297,57 @@ def test_planned_arena_is_smaller_than_the_temporaries(dev):
     s = g.summary()
     assert s["temporaries"] > 5
     assert s["arena_bytes"] < s["temporary_bytes"]
+
+
+def _record(dev, fn, *args):
+    with graph.Recorder(dev) as rec:
+        out = fn(*args)
+    g = rec.finish()
+    del rec
+    return g, out
+
+
+def test_element_wise_kernels_write_over_dying_inputs(dev):
+    """relu(x * 2 + 1) on a (64, 64) input: each intermediate dies at the next kernel, which may take its bytes; the
+    replay still equals numpy's float64 result."""
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2)]
+    x = tensor.from_numpy(xs[0], dev)
+    g, y = _record(dev, lambda t: ops.relu(ops.add(ops.mul(t, 2.0), 1.0)), x)
+    s = g.summary()
+    assert s["temporaries"] == 2
+    assert s["in_place"] == 1  # mul's output is the temporary add writes over
+    assert s["arena_bytes"] == MemoryPool.size_class(64 * 64 * 4)  # one block holds both
+    for a in xs:
+        x.copy_from_numpy(a)
+        g.run()
+        np.testing.assert_allclose(y.to_numpy(), np.maximum(a.astype(np.float64) * 2 + 1, 0), rtol=1e-6)
+
+
+def test_in_place_needs_the_same_view_and_a_dying_input(dev):
+    """Writing over an input is only safe when the output selects exactly the input's bytes and nothing reads the
+    input afterwards: a transposed read, a broadcast read or a later use each rule it out."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((32, 32)).astype(np.float32)
+    x = tensor.from_numpy(a, dev)
+
+    def transposed(t):
+        u = ops.mul(t, 3.0)  # temporary, read below both as it is and transposed
+        return ops.add(u, u.T())
+
+    def reused(t):
+        u = ops.mul(t, 3.0)
+        v = ops.add(u, 1.0)
+        return ops.sum(ops.mul(v, u), axis=1)  # u is still needed after the add: the add may not overwrite it
+
+    for fn, ref in ((transposed, lambda a: 3 * a + 3 * a.T), (reused, lambda a: ((3 * a + 1) * 3 * a).sum(1))):
+        g, y = _record(dev, fn, x)
+        g.run()
+        np.testing.assert_allclose(y.to_numpy(), ref(a.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    g, _ = _record(dev, transposed, x)
+    assert g.summary()["in_place"] == 0
+    g, _ = _record(dev, reused, x)
+    assert g.summary()["in_place"] == 1  # only the last mul, where both u and v die, may write over one of them
 
 
 # -- time profiling --------------------------------------------------------------------------------------------------

@@ -510,11 +510,14 @@ class _Unary(Operator):
 
 
 class ReLU(_Unary):
+    # y > 0 exactly where x > 0: keeping the output lets the input (often a batch-norm output) die at once
+    _keep = "y"
+
     def _fn(self, x):
         return ops.relu(x)
 
     def _grad(self, dy, x, y):
-        return ops.relu_grad(dy, x)
+        return ops.relu_grad(dy, y)
 
 
 def relu(x: Tensor) -> Tensor:

@@ -94,8 +94,8 @@ def numel(shape: tuple) -> int:
 class MemoryPool:
     """A caching allocator over a device's raw alloc/free, with the counters every backend reports.
 
-    Sizes are rounded up to a size class (multiples of 512 bytes, then powers of two above 1 MiB) and freed blocks are
-    kept per class for reuse; `empty_cache()` gives them back to the device. The pool relies on the GIL for its
+    Sizes are rounded up to a size class (multiples of 512 bytes up to 1 MiB; above, eight classes per power of two,
+    so at most 1/8 is wasted where powers of two would waste up to half) and freed blocks are kept per class for reuse; `empty_cache()` gives them back to the device. The pool relies on the GIL for its
     bookkeeping (each step is a single list or attribute operation), which keeps allocation cheap enough for the
     per-operation hot path.
     """
@@ -114,10 +114,15 @@ class MemoryPool:
     def size_class(nbytes: int) -> int:
         if nbytes <= (1 << 20):
             return ((nbytes + 511) & ~511) or 512
-        return 1 << (nbytes - 1).bit_length()
+        step = 1 << ((nbytes - 1).bit_length() - 4)
+        return (nbytes + step - 1) & -step
 
     def acquire(self, nbytes: int) -> tuple[Any, int]:
-        cls = ((nbytes + 511) & ~511 or 512) if nbytes <= 1048576 else 1 << (nbytes - 1).bit_length()
+        if nbytes <= 1048576:  # size_class, inlined: this is the per-operation hot path
+            cls = (nbytes + 511) & ~511 or 512
+        else:
+            step = 1 << ((nbytes - 1).bit_length() - 4)
+            cls = (nbytes + step - 1) & -step
         self.num_requests += 1
         free = self._cache.get(cls)
         if free:

@@ -27,7 +27,8 @@ Memory planning. Temporaries are placed at byte offsets of an arena so that two 
 their live ranges (first to last call that touches them, in execution order) are disjoint: greedy by size, each
 at the best-fitting gap (the approach of TFLite's arena planner). The arena is then cut into a few blocks where no
 temporary straddles the cut, choosing the cuts by dynamic programming to minimise what the device's memory pool
-will actually reserve (it rounds large blocks up to powers of two).
+will actually reserve (it rounds large blocks up to powers of two). Before that, an element-wise kernel's output may
+take the bytes of an input that dies at that call (see `_in_place`): the two are planned as one block.
 """
 
 from __future__ import annotations
@@ -487,6 +488,36 @@ def _live_peak(calls: list[_Call], order: list[int], temp_bytes: dict[int, int])
 # -- memory planning ------------------------------------------------------------------------------------------------
 
 
+def _in_place(calls: list[_Call], order: list[int], temp_bytes: dict[int, int], first: dict[int, int],
+              last: dict[int, int]) -> dict[int, int]:
+    """Temporaries an element-wise kernel may write over one of its inputs: {output key: key of the temporary whose
+    bytes it takes} (chains resolved to their first member).
+
+    An element-wise kernel reads element i of each input and writes element i of its output, so its output can share
+    memory with an input whose last use is this very call, provided the two views select the same bytes (same dtype,
+    shape, strides and offset) and the input is not also read through another view. Lifetimes are closed ranges, so
+    the planner alone would never overlap them: this is the one place where a temporary dies and another is born in
+    the same bytes within one call (ReLU after batch norm, the residual Add, gradient arithmetic).
+    """
+    root: dict[int, int] = {}
+    for pos, ci in enumerate(order):
+        c = calls[ci]
+        if c.kind != "kernel" or c.name in primitives.SPECIAL_BY_NAME or not c.specs or c.specs[0] is None:
+            continue
+        out = c.specs[0]
+        if out[0] != "v" or out[1] not in temp_bytes or first[out[1]] != pos:
+            continue
+        views: dict[int, set] = {}
+        for s in c.specs[1:]:
+            if s is not None and s[0] == "v":
+                views.setdefault(s[1], set()).add(s[2:])
+        for key, seen in views.items():
+            if key in temp_bytes and last[key] == pos and seen == {out[2:]}:
+                root[out[1]] = root.get(key, key)
+                break
+    return root
+
+
 def _align(n: int) -> int:
     return (max(n, 1) + _ALIGN - 1) // _ALIGN * _ALIGN
 
@@ -526,11 +557,12 @@ def plan_offsets(sizes: list[int], lives: list[tuple[int, int]]) -> tuple[list[i
 
 
 def _pool_bytes(n: np.ndarray) -> np.ndarray:
-    """MemoryPool.size_class, vectorised: 512-byte multiples up to 1 MiB, powers of two above."""
+    """MemoryPool.size_class, vectorised: 512-byte multiples up to 1 MiB, eight classes per power of two above."""
     n = np.maximum(n, 1)
     small = (n + 511) // 512 * 512
-    exp = np.frexp((n - 1).astype(np.float64))[1].astype(np.int64)
-    big = np.left_shift(np.int64(1), np.maximum(exp, 0))
+    bits = np.frexp((n - 1).astype(np.float64))[1].astype(np.int64)  # (n - 1).bit_length()
+    step = np.left_shift(np.int64(1), np.maximum(bits - 4, 0))
+    big = (n + step - 1) // step * step
     return np.where(n <= (1 << 20), small, big)
 
 
@@ -585,19 +617,26 @@ class Graph:
             greedy = _schedule(calls, temp_bytes)
             self.order = min((greedy, program), key=lambda o: _live_peak(calls, o, temp_bytes))
         first, last = _lifetimes(calls, self.order, temp_bytes)
-        temps = sorted(temp_bytes)
-        sizes = [temp_bytes[k] for k in temps]
-        offsets, total = plan_offsets(sizes, [(first[k], last[k]) for k in temps])
+        root = _in_place(calls, self.order, temp_bytes, first, last)
+        groups: dict[int, list[int]] = {}
+        for k in sorted(temp_bytes):
+            groups.setdefault(root.get(k, k), []).append(k)
+        temps = sorted(groups)  # one planned block per group of temporaries that share their bytes
+        sizes = [max(temp_bytes[k] for k in groups[g]) for g in temps]
+        lives = [(min(first[k] for k in groups[g]), max(last[k] for k in groups[g])) for g in temps]
+        offsets, total = plan_offsets(sizes, lives)
         blocks = split_arena(offsets, sizes, total)
         self._blocks = [device.alloc(end - start) for start, end in blocks]
         starts = [start for start, _ in blocks]
         self._place: dict[int, tuple[Buffer, int]] = {}
-        for k, off in zip(temps, offsets):
+        for g, off in zip(temps, offsets):
             b = int(np.searchsorted(starts, off, side="right")) - 1
-            self._place[k] = (self._blocks[b], off - starts[b])
-        self.temp_bytes = sum(sizes)  # what the temporaries would take without sharing
+            for k in groups[g]:
+                self._place[k] = (self._blocks[b], off - starts[b])
+        self.temp_bytes = sum(temp_bytes.values())  # what the temporaries would take without sharing
         self.arena_bytes = sum(device.pool.size_class(e - s) for s, e in blocks)
-        self.num_temporaries = len(temps)
+        self.num_temporaries = len(temp_bytes)
+        self.num_in_place = len(root)
         self._build()
 
     def _view(self, spec: tuple | None) -> Any:
@@ -656,10 +695,12 @@ class Graph:
         prof.end_iteration(t_start, clock() - t_start)
 
     def summary(self) -> dict[str, int]:
-        """Sizes of the plan: calls, temporaries, their unshared bytes and the arena the planner reserved."""
+        """Sizes of the plan: calls, temporaries (and how many an element-wise kernel writes over its input), their
+        unshared bytes and the arena the planner reserved."""
         return {
             "calls": len(self._exec),
             "temporaries": self.num_temporaries,
+            "in_place": self.num_in_place,
             "temporary_bytes": self.temp_bytes,
             "arena_bytes": self.arena_bytes,
             "arena_blocks": len(self._blocks),
