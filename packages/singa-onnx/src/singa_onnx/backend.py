@@ -45,7 +45,8 @@ class SingaBackend(Backend):
     def prepare(cls, model: Any, device: Any = "CPU", **kwargs: Any) -> SingaRep:
         """Validate (onnx.checker), build and bind the model to `device` (a singa Device, 'CPU', 'cuda:1', a singa
         backend name ...). Every unsupported node is reported at once (UnsupportedOperatorError). `base_dir` names
-        the folder of external data files when `model` is a ModelProto loaded without them."""
+        the folder of external data files when `model` is a ModelProto loaded without them; `optimize=False` runs the
+        graph as imported even for plain inference (see SingaRep)."""
         dev = resolve_device(device)
         imported = ImportedGraph(model, base_dir=kwargs.get("base_dir"), check=kwargs.get("check", True))
         tensor_map = {}
@@ -57,7 +58,7 @@ class SingaBackend(Backend):
                 t.stores_grad = False
                 t.name = name
                 tensor_map[name] = t
-        return SingaRep(imported, dev, tensor_map)
+        return SingaRep(imported, dev, tensor_map, optimize=kwargs.get("optimize", True))
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: Any = "CPU", **kwargs: Any) -> list:

@@ -9,6 +9,7 @@ from onnx.backend.base import BackendRep
 from singa import autograd
 from singa.backend import Device
 from singa.tensor import Tensor
+from singa_onnx.inference import InferencePlan
 from singa_onnx.ops._common import host_to_tensor
 from singa_onnx.runtime import ImportedGraph, Runtime, to_numpy_output
 
@@ -22,14 +23,42 @@ class SingaRep(BackendRep):
 
     `tensor_map` holds the model's float initializers as Tensors on the device (the earlier API trains them by setting
     `requires_grad` / `stores_grad` on these tensors).
+
+    Plain inference (autograd off, every tensor of `tensor_map` frozen, the whole model's outputs) runs an optimised
+    version of the graph, built from the current tensors at the first such run (see singa_onnx.inference: constants
+    and batch normalisations folded, and per input shape a recorded sequence of kernel calls replayed from the third
+    run on). It is built again when `tensor_map` holds other tensors or some were trainable since; after writing into
+    a frozen tensor of `tensor_map` in place, call `refresh()`. `optimize=False` (also a `prepare` argument) runs the
+    graph as imported.
     """
 
-    def __init__(self, imported: ImportedGraph, device: Device, tensor_map: dict[str, Tensor]):
+    def __init__(self, imported: ImportedGraph, device: Device, tensor_map: dict[str, Tensor], optimize: bool = True):
         self.imported = imported
         self.device = device
         self.tensor_map = tensor_map
         self.inputs = list(imported.inputs)
         self.outputs = list(imported.outputs)
+        self.optimize = optimize
+        self._plan: InferencePlan | None = None
+
+    def refresh(self) -> None:
+        """Forget the optimised graph (and its recorded runs); the next inference run builds it from `tensor_map`."""
+        self._plan = None
+
+    def inference_plan(self) -> InferencePlan | None:
+        """The optimised graph plain inference runs now (built if needed), or None when the tensors are trainable or
+        `optimize` is off."""
+        if not self.optimize:
+            return None
+        tm = self.tensor_map
+        for t in tm.values():
+            if t.requires_grad or t.stores_grad:
+                self._plan = None  # being trained: their values will change; build again once they are frozen
+                return None
+        plan = self._plan
+        if plan is None or not plan.valid_for(tm):
+            plan = self._plan = InferencePlan(self.imported, self.device, tm)
+        return plan
 
     @property
     def model(self) -> Any:
@@ -46,6 +75,11 @@ class SingaRep(BackendRep):
         node's outputs (for transfer learning); `aux_output` adds named intermediate values after the outputs;
         `all_outputs=True` returns {name: value} of everything computed."""
         imp = self.imported
+        if not autograd.training and not all_outputs and not aux_output and last_layers in (-1, None):
+            plan = self.inference_plan()
+            if plan is not None:
+                outs, as_tensors = plan.run(inputs)
+                return [self._out(v, n, as_tensors) for v, n in zip(outs, imp.outputs)]
         feeds, as_tensors = imp.feed(inputs, self.device)
         # training semantics (batch statistics, dropout) when autograd records and the imported tensors are being
         # trained, as the earlier API's re-training does; a frozen import under new layers keeps inference semantics

@@ -114,6 +114,7 @@ class Importer:
     def __init__(self, model: ModelProto | None, parent: Importer | None = None, opsets: dict | None = None):
         self.model = model
         self.types: dict[str, int] = {}
+        self.ranks: dict[str, int] = {}  # declared or inferred rank of a value, where known
         if parent is not None:
             self.problems = parent.problems
             self.functions = parent.functions
@@ -146,6 +147,8 @@ class Importer:
             t = _elem_type(vi.type)
             if t:
                 self.types[vi.name] = t
+            if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.HasField("shape"):
+                self.ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
         for init in g.initializer:
             self.types[init.name] = init.data_type
         for node in g.node:
@@ -452,6 +455,15 @@ def to_numpy_output(v: Any, t: int | None) -> Any:
     return ot.wrap_host(arr, t) if t is not None else arr
 
 
+def _input_code(arr: np.ndarray, t: int | None, dev: Device) -> int | None:
+    """The SINGA dtype an input array of ONNX type t becomes on dev (None: strings, which stay on the host)."""
+    if arr.dtype == object or arr.dtype.kind in "SU" or t == ot.F.STRING:
+        return None
+    if t and t in ot.INT_TYPES | ot.FLOAT_TYPES | {ot.F.BOOL}:
+        return ot.storage(t, dev)
+    return ot.storage(ot.from_np(arr.dtype), dev)
+
+
 # -- the model-level wrapper shared by SingaRep and SONNXModel --------------------------------------------------------
 
 
@@ -497,49 +509,60 @@ class ImportedGraph:
 
     def feed(self, values: Any, dev: Device) -> tuple[dict[str, Any], bool]:
         """{input name: value} from a list/tuple/dict/single value; True when any input was a singa Tensor."""
+        feeds: dict[str, Any] = {}
+        any_tensor = False
+        for name, v in self.feed_items(values):
+            feeds[name] = self.feed_value(name, v, dev)
+            any_tensor = any_tensor or isinstance(v, Tensor)
+        return feeds, any_tensor
+
+    def feed_items(self, values: Any) -> list[tuple[str, Any]]:
+        """[(input name, value)] from a list/tuple/dict/single value, checked against the graph's inputs."""
         names = self.program.inputs
         if isinstance(values, dict):
             items = list(values.items())
             unknown = [k for k, _ in items if k not in names]
             if unknown:
                 raise ValueError(f"unknown model input(s) {unknown}; the inputs are {names}")
-        else:
-            if isinstance(values, (Tensor, np.ndarray)) or np.isscalar(values):
-                values = [values]
-            values = list(values)
-            if len(values) > len(names):
-                raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
-            if len(values) < len(names):
-                raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
-            items = list(zip(names, values))
-        feeds: dict[str, Any] = {}
-        any_tensor = False
-        for name, v in items:
-            t = self.types.get(name)
-            if isinstance(v, Tensor):
-                any_tensor = True
-                if v.device is not dev:
-                    raise ValueError(f"input {name!r} is on {v.device.name} but the model runs on {dev.name} "
-                                     "(move it with to_device first)")
-                if t in ot.INT_TYPES | {ot.F.BOOL} and v.dtype != ot.storage(t):
-                    v = ops.cast(v, ot.storage(t))
-                feeds[name] = v
-            elif isinstance(v, list):
-                feeds[name] = [self._to_device(np.asarray(e), t, dev) for e in v]
-            elif v is None:
-                feeds[name] = None
-            else:
-                feeds[name] = self._to_device(np.asarray(v), t, dev)
-        return feeds, any_tensor
+            return items
+        if isinstance(values, (Tensor, np.ndarray)) or np.isscalar(values):
+            values = [values]
+        values = list(values)
+        if len(values) != len(names):
+            raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
+        return list(zip(names, values))
+
+    def feed_value(self, name: str, v: Any, dev: Device) -> Any:
+        """One input as the program reads it: device data on `dev` in its storage type (strings stay on the host)."""
+        t = self.types.get(name)
+        if isinstance(v, Tensor):
+            if v.device is not dev:
+                raise ValueError(f"input {name!r} is on {v.device.name} but the model runs on {dev.name} "
+                                 "(move it with to_device first)")
+            if t in ot.INT_TYPES | {ot.F.BOOL} and v.dtype != ot.storage(t):
+                v = ops.cast(v, ot.storage(t))
+            return v
+        if isinstance(v, list):
+            return [self._to_device(np.asarray(e), t, dev) for e in v]
+        if v is None:
+            return None
+        return self._to_device(np.asarray(v), t, dev)
+
+    def host_input(self, name: str, arr: np.ndarray, dev: Device) -> tuple[np.ndarray, int] | None:
+        """(host array converted to what the input's device tensor holds, its SINGA dtype), or None for data that
+        stays on the host (strings)."""
+        code = _input_code(arr, self.types.get(name), dev)
+        if code is None:
+            return None
+        from singa_onnx.ops._common import host_array
+
+        return host_array(arr, dev, code)
 
     @staticmethod
     def _to_device(arr: np.ndarray, t: int | None, dev: Device) -> Any:
-        if arr.dtype == object or arr.dtype.kind in "SU" or t == ot.F.STRING:
+        code = _input_code(arr, t, dev)
+        if code is None:
             return arr  # strings stay on the host
-        if t and t in ot.INT_TYPES | ot.FLOAT_TYPES | {ot.F.BOOL}:
-            code = ot.storage(t, dev)
-        else:
-            code = ot.storage(ot.from_np(arr.dtype), dev)
         from singa_onnx.ops._common import host_to_tensor
 
         return host_to_tensor(arr, dev, code)

@@ -49,6 +49,15 @@ def out_type(node, i: int = 0, default: int | None = None) -> int | None:
 
 def host_to_tensor(arr: np.ndarray, dev, code: int | None = None) -> Tensor:
     """A device tensor holding host data, in its storage type (or `code`)."""
+    arr, code = host_array(arr, dev, code)
+    t = ops.from_numpy(arr, dev, code)
+    t.requires_grad = False
+    return t
+
+
+def host_array(arr: np.ndarray, dev, code: int | None = None) -> tuple[np.ndarray, int]:
+    """(host data converted to what a device tensor of SINGA dtype `code` holds, C-contiguous; code), with code
+    defaulting to the storage type of arr's dtype on `dev`."""
     arr = np.asarray(arr)
     if code is None:
         if arr.dtype == object:
@@ -63,9 +72,7 @@ def host_to_tensor(arr: np.ndarray, dev, code: int | None = None) -> Tensor:
         arr = arr.astype(npd)
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
-    t = ops.from_numpy(arr, dev, code)
-    t.requires_grad = False
-    return t
+    return arr, code
 
 
 def tensor(node, v: Any, code: int | None = None, slot: Any = None) -> Tensor:

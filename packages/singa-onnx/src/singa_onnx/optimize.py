@@ -1,0 +1,281 @@
+"""Inference-time rewrites of an imported graph, for SingaRep's runs that record no gradients.
+
+`fold(program, device, params)` returns a new Program computing the same outputs with less work per run:
+
+* constant folding: a node whose inputs are all constants (initializers, Constant nodes, earlier folded values) runs
+  once here, with the same handler a run would use, and its outputs become constants (`Unsqueeze` of a weight,
+  `ConstantOfShape`, shape arithmetic ...). Random operators and nodes with subgraphs are left alone;
+* BatchNormalization in inference mode after a Conv whose output it alone reads: folded into the convolution's
+  weights and bias (W * s, (b - mean) * s + beta with s = gamma / sqrt(var + eps), computed in float64);
+* a per-channel constant Mul / Add after such a Conv (the scale-and-shift some exporters write after BatchNormalization)
+  folds into its weights and bias the same way; after a BatchNormalization that is not folded, into its scale and
+  bias.
+
+Only float32 weights are rewritten. The rewrites use the parameter values given (the tensors of `SingaRep.tensor_map`),
+so the folded program is valid only while they stay as they are: SingaRep builds it when the parameters are frozen
+and builds it again when they change (see SingaRep.run). Training (SONNXModel, or SingaRep with trainable tensors)
+always runs the graph as imported.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from singa import ops
+from singa.backend import Device
+from singa.tensor import Tensor
+from singa_onnx.runtime import OnnxNode, Program, Runtime, run_node
+
+# operators whose value is not a function of their inputs (or that change behaviour when training)
+NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                     "Multinomial", "Dropout"})
+# a folded value may not be larger than this (elements); beyond it the node runs at every call as before
+MAX_FOLD_ELEMENTS = 1 << 26
+
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+def fold(program: Program, device: Device, params: dict[str, Tensor]) -> Program:
+    """A copy of `program` with constants folded and normalisations folded into convolutions (see the module doc)."""
+    values: dict[str, Any] = {}
+    for name, arr in program.initializers.items():
+        p = params.get(name)
+        values[name] = p if p is not None else arr
+    rt = Runtime(device, params, training=False)
+    nodes: list[OnnxNode] = []
+    for node in program.nodes:
+        if _foldable(node, values):
+            outs = _evaluate(node, values, rt)
+            if outs is not None:
+                values.update(outs)
+                continue
+        nodes.append(node)
+    f = _Folder(program, nodes, values)
+    f.run()
+    out = copy.copy(program)
+    out.nodes = f.nodes
+    used = set(program.outputs)
+    for node in f.nodes:
+        used.update(node.uses)
+    out.initializers = {n: v for n, v in values.items() if n in used}
+    out.folded = len(program.nodes) - len(f.nodes)
+    out._plan_lifetimes()
+    return out
+
+
+def _foldable(node: OnnxNode, values: dict) -> bool:
+    if node.op_type in NO_FOLD or node.subgraphs or node.entry is None:
+        return False
+    if not any(node.outputs):
+        return False
+    return all(n in values for n in node.inputs if n)
+
+
+def _evaluate(node: OnnxNode, values: dict, rt: Runtime) -> dict | None:
+    """{output: value} of one node on constant inputs, or None to leave the node in the program (it may fail, return
+    a sequence, or produce something too large to keep)."""
+    args = [values[n] if n else None for n in node.inputs]
+    try:
+        outs = run_node(node, args, rt, None)
+    except Exception:  # noqa: BLE001 - a node that fails here fails at run time too, with the run's error message
+        return None
+    result = {}
+    for n, v in zip(node.outputs, outs):
+        if not n:
+            continue
+        if not (v is None or isinstance(v, (np.ndarray, Tensor))):
+            return None
+        if v is not None and _numel(v.shape) > MAX_FOLD_ELEMENTS:
+            return None
+        result[n] = v
+    if any(n and n not in result for n in node.outputs):
+        return None
+    return result
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _host(v: Any) -> np.ndarray | None:
+    if isinstance(v, Tensor):
+        return ops.to_numpy(v)
+    if isinstance(v, np.ndarray):
+        return v
+    return None
+
+
+def _channel_vector(v: Any, channels: int, rank: int) -> np.ndarray | None:
+    """A float32 constant that broadcasts over a rank-`rank` value as one number per channel (axis 1), as a (channels,)
+    float64 vector; None for anything else."""
+    a = _host(v)
+    if a is None or a.dtype != np.float32 or a.ndim > rank or rank < 2:
+        return None
+    shape = (1,) * (rank - a.ndim) + a.shape
+    if shape[0] != 1 or any(d != 1 for d in shape[2:]) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(a.astype(np.float64).reshape(-1), (channels,)) if shape[1] == channels else \
+        np.full(channels, float(a.reshape(-1)[0]))
+
+
+def _bn_inference(node: OnnxNode) -> bool:
+    """BatchNormalization with running statistics and a single output (as the handler runs it outside training)."""
+    outs = [o for o in node.outputs if o]
+    if len(outs) != 1 or not node.outputs[0]:
+        return False
+    if node.opset >= 14:
+        return not node.attr("training_mode", 0)
+    return True
+
+
+class _Folder:
+    """BatchNormalization and per-channel Mul/Add folded into the Conv (or BatchNormalization) before them."""
+
+    def __init__(self, program: Program, nodes: list[OnnxNode], values: dict):
+        self.program = program
+        self.values = values
+        self.nodes = nodes
+        self.ranks = program.importer.ranks if hasattr(program, "importer") else {}
+        self.consumers: dict[str, int] = {}
+        for node in nodes:
+            for n in node.uses:
+                self.consumers[n] = self.consumers.get(n, 0) + 1
+        for n in program.outputs:
+            self.consumers[n] = self.consumers.get(n, 0) + 2  # a graph output is never rewritten away
+        self.names = set(values) | {n for node in nodes for n in node.inputs + node.outputs}
+
+    def run(self) -> None:
+        producer: dict[str, int] = {}
+        kept: list[OnnxNode | None] = []
+        for node in self.nodes:
+            merged = None
+            src = self._single_source(node)
+            if src is not None and src in producer:
+                i = producer[src]
+                merged = self._merge(kept[i], node, src)
+                if merged is not None:
+                    kept[i] = merged
+                    for o in merged.outputs:
+                        if o:
+                            producer[o] = i
+                    continue
+            kept.append(node)
+            for o in node.outputs:
+                if o:
+                    producer[o] = len(kept) - 1
+        self.nodes = [n for n in kept if n is not None]
+
+    def _single_source(self, node: OnnxNode) -> str | None:
+        """The non-constant input a foldable node reads, if it is read by this node alone."""
+        if node.op_type == "BatchNormalization":
+            x = node.inputs[0] if node.inputs else ""
+        elif node.op_type in ("Mul", "Add") and len(node.inputs) == 2:
+            a, b = node.inputs
+            x = a if b in self.values and a not in self.values else b if a in self.values and b not in self.values \
+                else ""
+        else:
+            return None
+        if not x or self.consumers.get(x, 0) != 1 or len([o for o in node.outputs if o]) != 1:
+            return None
+        return x
+
+    def _merge(self, prev: OnnxNode, node: OnnxNode, x: str) -> OnnxNode | None:
+        try:
+            if prev.op_type == "Conv":
+                return self._into_conv(prev, node, x)
+            if prev.op_type == "BatchNormalization" and node.op_type in ("Mul", "Add"):
+                return self._into_bn(prev, node, x)
+        except (ValueError, TypeError):
+            return None
+        return None
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+    def _const(self, name: str) -> Any:
+        return self.values.get(name) if name else None
+
+    def _new_name(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.names:
+            i += 1
+            name = f"{base}_{i}"
+        self.names.add(name)
+        return name
+
+    def _scale_shift(self, node: OnnxNode, x: str, channels: int, rank: int) -> tuple | None:
+        """(scale, shift) float64 per-channel vectors that `node` applies to x, or None."""
+        if any(t != _FLOAT for t in node.in_types[:len(node.inputs)]):
+            return None
+        if node.op_type == "BatchNormalization":
+            if not _bn_inference(node) or len(node.inputs) < 5 or any(n not in self.values for n in node.inputs[1:5]):
+                return None
+            parts = [_host(self._const(n)) for n in node.inputs[1:5]]
+            if any(p is None or p.dtype != np.float32 or p.shape != (channels,) for p in parts):
+                return None
+            gamma, beta, mean, var = (p.astype(np.float64) for p in parts)
+            s = gamma / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
+            return s, beta - mean * s
+        c = self._const(node.inputs[1] if node.inputs[0] == x else node.inputs[0])
+        vec = _channel_vector(c, channels, rank)
+        if vec is None:
+            return None
+        if node.op_type == "Mul":
+            return vec, np.zeros(channels)
+        return np.ones(channels), vec
+
+    def _clone(self, node: OnnxNode, inputs: list[str], outputs: list[str], out_types: list) -> OnnxNode:
+        new = copy.copy(node)
+        new.inputs = list(inputs)
+        new.outputs = list(outputs)
+        new.uses = [n for n in inputs if n]
+        new.in_types = list(node.in_types) + [None] * (len(inputs) - len(node.in_types))
+        new.out_types = list(out_types)
+        new.scratch = {}
+        return new
+
+    # -- the folds ----------------------------------------------------------------------------------------------------
+    def _into_conv(self, conv: OnnxNode, node: OnnxNode, x: str) -> OnnxNode | None:
+        if len(conv.inputs) < 2 or conv.in_types[0] != _FLOAT:
+            return None
+        w = _host(self._const(conv.inputs[1]))
+        if w is None or w.dtype != np.float32 or w.ndim < 3:
+            return None
+        bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        if bias_name and bias_name not in self.values:
+            return None
+        k = w.shape[0]
+        b = _host(self._const(bias_name)) if bias_name else np.zeros(k, np.float32)
+        if b is None or b.dtype != np.float32 or b.size != k:
+            return None
+        ss = self._scale_shift(node, x, k, w.ndim)
+        if ss is None:
+            return None
+        s, t = ss
+        w2 = (w.astype(np.float64) * s.reshape((k,) + (1,) * (w.ndim - 1))).astype(np.float32)
+        b2 = (b.reshape(k).astype(np.float64) * s + t).astype(np.float32)
+        wn, bn = self._new_name(f"{conv.inputs[1]}:folded"), self._new_name(f"{bias_name or conv.name}:folded_bias")
+        self.values[wn], self.values[bn] = w2, b2
+        return self._clone(conv, [conv.inputs[0], wn, bn], node.outputs[:1], node.out_types[:1])
+
+    def _into_bn(self, bn: OnnxNode, node: OnnxNode, x: str) -> OnnxNode | None:
+        rank = self.ranks.get(bn.inputs[0])
+        if rank is None or len(bn.inputs) < 5 or any(n not in self.values for n in bn.inputs[1:5]):
+            return None
+        gamma, beta = (_host(self._const(n)) for n in bn.inputs[1:3])
+        if gamma is None or beta is None or gamma.dtype != np.float32 or gamma.ndim != 1 or beta.shape != gamma.shape:
+            return None
+        ss = self._scale_shift(node, x, gamma.shape[0], rank)
+        if ss is None:
+            return None
+        s, t = ss
+        g2 = (gamma.astype(np.float64) * s).astype(np.float32)
+        b2 = (beta.astype(np.float64) * s + t).astype(np.float32)
+        gn, bn_ = self._new_name(f"{bn.inputs[1]}:folded"), self._new_name(f"{bn.inputs[2]}:folded")
+        self.values[gn], self.values[bn_] = g2, b2
+        inputs = [bn.inputs[0], gn, bn_] + list(bn.inputs[3:])
+        return self._clone(bn, inputs, node.outputs[:1], node.out_types[:1])
