@@ -16,6 +16,7 @@ import pytest
 import singa_backend_cpu
 from singa import device, dtypes, expressions, primitives
 from singa.backend import View
+from singa_backend_cpu.codegen import kernel_dtypes
 from singa_backend_cpu.device import ffi
 from singa_backend_cpu.table import philox_u32
 
@@ -23,8 +24,9 @@ DEV = device.get_device("cpu")
 K = DEV.kernels
 RNG = np.random.default_rng(20240521)
 NP = {dtypes.float32: np.float32, dtypes.float16: np.float16, dtypes.int32: np.int32, dtypes.int64: np.int64,
-      dtypes.bool_: np.bool_}
-ALL_NP = [np.float32, np.float16, np.int32, np.int64, np.bool_]
+      dtypes.bool_: np.bool_, dtypes.float64: np.float64}
+ALL_NP = [np.float32, np.float16, np.int32, np.int64, np.bool_, np.float64]
+FLOAT_NP = (np.float32, np.float16, np.float64)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -69,11 +71,10 @@ def close(got, ref, dt, rtol=None, atol=None) -> None:
     got = np.asarray(got)
     ref = np.asarray(ref)
     assert got.shape == ref.shape, (got.shape, ref.shape)
-    if np.dtype(dt) in (np.float32, np.float16):
-        tight = np.dtype(dt) == np.float32
+    if np.dtype(dt) in FLOAT_NP:
+        r0, a0 = {np.float32: (1e-5, 1e-6), np.float16: (2e-3, 2e-3), np.float64: (1e-12, 1e-12)}[np.dtype(dt).type]
         np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), equal_nan=True,
-                                   rtol=rtol if rtol is not None else (1e-5 if tight else 2e-3),
-                                   atol=atol if atol is not None else (1e-6 if tight else 2e-3))
+                                   rtol=rtol if rtol is not None else r0, atol=atol if atol is not None else a0)
     else:
         np.testing.assert_array_equal(got, ref)
 
@@ -136,7 +137,8 @@ def test_buffers_are_64_byte_aligned_and_round_trip():
 def test_fill(dt):
     for shape in [(), (0, 3), (4, 5), (300, 700)]:
         out = empty(shape, dt)
-        value = {np.float32: -2.5, np.float16: 0.333, np.int32: -7, np.int64: 2 ** 40 + 3, np.bool_: True}[dt]
+        value = {np.float32: -2.5, np.float16: 0.333, np.int32: -7, np.int64: 2 ** 40 + 3, np.bool_: True,
+                 np.float64: 1 / 3}[dt]
         K["fill"](out, value)
         np.testing.assert_array_equal(get(out), np.full(shape, value, dt))
     base = put(np.zeros((4, 6), dt))
@@ -179,7 +181,7 @@ def test_copy_large_transposed_uses_threads_correctly():
 @pytest.mark.parametrize("dst", ALL_NP)
 def test_cast_every_pair(src, dst):
     x = (RNG.standard_normal(301) * 50).astype(src) if src != np.bool_ else RNG.random(301) < 0.5
-    if src in (np.float32, np.float16):
+    if src in FLOAT_NP:
         x[:3] = [0.0, -0.0, 2.5]
     out = empty(x.shape, dst)
     K["cast"](out, put(x))
@@ -227,14 +229,14 @@ _PARAMS = {"clip": (-1.0, 1.5), "hardsigmoid": (0.2, 0.5), "selu": (1.67, 1.05)}
 
 def _elementwise_cases():
     for entry in expressions.TABLE.values():
-        for dt in entry.dtypes:
+        for dt in kernel_dtypes(entry):
             yield pytest.param(entry.name, dt, id=f"{entry.name}-{dtypes.name(dt)}")
 
 
 def _reference(entry, xs, dt, params):
     npdt = NP[dt]
     out_dt = np.bool_ if entry.out_bool else npdt
-    if npdt in (np.float32, np.float16):
+    if npdt in FLOAT_NP:
         args = [x.astype(np.float64) for x in xs]
         kw = {k: np.float64(v) for k, v in params.items()}
     else:
@@ -242,7 +244,7 @@ def _reference(entry, xs, dt, params):
         kw = dict(params)
     with np.errstate(all="ignore"):
         r = np.asarray(entry.ref(*args, **kw))
-    return r.astype(out_dt) if (entry.out_bool or npdt not in (np.float32, np.float16)) else r
+    return r.astype(out_dt) if (entry.out_bool or npdt not in FLOAT_NP) else r
 
 
 @pytest.mark.parametrize(("name", "dt"), list(_elementwise_cases()))
@@ -279,7 +281,7 @@ def test_elementwise_strided_and_broadcast(name, dt):
     close(get(out), _reference(entry, hosts, dt, values), out_dt)
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.float64, np.int32, np.int64])
 def test_binary_broadcast_large_uses_threads_correctly(dt):
     a = sample(dt, (300, 1000))
     b = sample(dt, (1, 1000))
@@ -364,20 +366,21 @@ _AXES = [(), (0,), (3,), (1, 2), (0, 2), (0, 3), (1, 3), (0, 1, 2, 3), (0, 2, 3)
 
 
 @pytest.mark.parametrize("name", list(_REDUCE_REF))
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 def test_float_reductions(name, dt):
+    rtol = {np.float32: 1e-5, np.float16: 3e-3, np.float64: 1e-12}[dt]
     x = sample(dt, (4, 5, 6, 7), (0.5, 1.5) if name == "reduce_prod" else (-3, 3))
     for axes in _AXES:
         ref = _REDUCE_REF[name](x.astype(np.float64), axis=axes) if axes else x.astype(np.float64)
         out = empty(np.shape(ref), dt)
         K[name](out, put(x), axes=axes)
-        close(get(out), ref, dt, rtol=1e-5 if dt == np.float32 else 3e-3)
+        close(get(out), ref, dt, rtol=rtol)
     for shape, axes in [((), ()), ((1, 1), (0,)), ((1, 1), ()), ((3, 1), (1,))]:  # nothing, or size-1 axes, to reduce
         x = sample(dt, shape, (0.5, 1.5))
         ref = _REDUCE_REF[name](x.astype(np.float64), axis=axes) if axes else x.astype(np.float64)
         out = empty(np.shape(ref), dt)
         K[name](out, put(x), axes=axes)
-        close(get(out), ref, dt, rtol=1e-5 if dt == np.float32 else 3e-3)
+        close(get(out), ref, dt, rtol=rtol)
 
 
 @pytest.mark.parametrize("name", list(_REDUCE_REF))
@@ -467,7 +470,7 @@ def test_argmax_ties_and_nan_follow_numpy():
 # -- matrix product -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("batches", [(1, 1, 1), (3, 3, 3), (3, 1, 3), (3, 3, 1)])
@@ -499,15 +502,17 @@ def test_matmul(dt, ta, tb, batches):
     (8, 1, 8, 64, 48, 64),
     (3, 3, 1, 100, 100, 100),  # batch folded into rows when a is not transposed
 ])
-def test_matmul_threaded_paths(ta, tb, batch, ba, bb, m, n, k):
-    a = sample(np.float32, (ba, k, m) if ta else (ba, m, k))
-    b = sample(np.float32, (bb, n, k) if tb else (bb, k, n))
-    c = sample(np.float32, (batch, m, n))
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_matmul_threaded_paths(ta, tb, batch, ba, bb, m, n, k, dt):
+    a = sample(dt, (ba, k, m) if ta else (ba, m, k))
+    b = sample(dt, (bb, n, k) if tb else (bb, k, n))
+    c = sample(dt, (batch, m, n))
     A = np.swapaxes(a, 1, 2) if ta else a
     B = np.swapaxes(b, 1, 2) if tb else b
     out = put(c)
     K["matmul"](out, put(a), put(b), trans_a=ta, trans_b=tb, alpha=1.5, beta=0.5)
-    close(get(out), 1.5 * np.matmul(A.astype(np.float64), B) + 0.5 * c, np.float32, rtol=1e-4, atol=1e-4)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else {}
+    close(get(out), 1.5 * np.matmul(A.astype(np.float64), B) + 0.5 * c, dt, **tol)
 
 
 def test_matmul_edges():
@@ -591,7 +596,7 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 def test_conv2d_forward_and_backward(case, dt):
     n, c, h, wd, k, kh, kw, stride, pad, dil, groups = case
     x = sample(dt, (n, c, h, wd))
@@ -599,7 +604,7 @@ def test_conv2d_forward_and_backward(case, dt):
     b = sample(dt, (k,))
     params = {"stride": stride, "padding": pad, "dilation": dil, "groups": groups}
     ref = conv_ref(x, w, b, stride, pad, dil, groups)
-    tol = {"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else {"rtol": 1e-2, "atol": 5e-2}
+    tol = {np.float32: {"rtol": 1e-4, "atol": 1e-4}, np.float16: {"rtol": 1e-2, "atol": 5e-2}, np.float64: {}}[dt]
     y = empty(ref.shape, dt)
     K["conv2d"](y, put(x), put(w), put(b), **params)
     close(get(y), ref, dt, **tol)
@@ -613,7 +618,7 @@ def test_conv2d_forward_and_backward(case, dt):
     close(get(dx), dx_ref, dt, **tol)
     dw = empty(w.shape, dt)
     K["conv2d_backward_weight"](dw, put(dy), put(x), **params)
-    close(get(dw), dw_ref, dt, **(tol if dt == np.float32 else {"rtol": 1e-2, "atol": 0.3}))
+    close(get(dw), dw_ref, dt, **(tol if dt != np.float16 else {"rtol": 1e-2, "atol": 0.3}))
 
 
 def test_conv2d_rejects_bad_groups():
@@ -664,7 +669,7 @@ def _pool_out(size, k, s, p0, p1, d, ceil):
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 def test_pool2d_forward_and_backward(case, dt):
     n, c, h, w, kernel, stride, pad, dil, mode, cip, ceil = case
     oh = _pool_out(h, kernel[0], stride[0], pad[0], pad[2], dil[0], ceil)
@@ -720,7 +725,8 @@ def _bc(v, ndim):
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (8, 5), (2, 64, 3, 3), (1, 2, 1, 1)])
-@pytest.mark.parametrize(("dt", "pdt"), [(np.float32, np.float32), (np.float16, np.float16), (np.float16, np.float32)])
+@pytest.mark.parametrize(("dt", "pdt"), [(np.float32, np.float32), (np.float16, np.float16), (np.float16, np.float32),
+                                         (np.float64, np.float64), (np.float64, np.float32)])
 def test_batchnorm(shape, dt, pdt):
     c, nd = shape[1], len(shape)
     x = (RNG.standard_normal(shape) * 2 + 30).astype(dt)  # a mean far from zero must not cost precision
@@ -732,15 +738,17 @@ def test_batchnorm(shape, dt, pdt):
     mean, var = xf.mean(axis=axes), xf.var(axis=axes)
     invstd = 1 / np.sqrt(var + 1e-5)
     y_ref = (xf - _bc(mean, nd)) * _bc(invstd * scale, nd) + _bc(bias.astype(np.float64), nd)
-    tol = {} if dt == np.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dt == np.float16 else {}
+    # statistics: (rtol of means, rtol of variances) in the parameters' dtype
+    r_mean, r_var = {np.float32: (1e-5, 1e-4), np.float16: (2e-3, 2e-3), np.float64: (1e-12, 1e-12)}[pdt]
     y, rm, rv = empty(shape, dt), put(rmean), put(rvar)
     sm, si = empty((c,), pdt), empty((c,), pdt)
     K["batchnorm_train"](y, rm, rv, sm, si, put(x), put(scale), put(bias), momentum=0.9, eps=1e-5)
     close(get(y), y_ref, dt, **tol)
-    close(get(sm), mean, pdt, rtol=1e-5 if pdt == np.float32 else 2e-3)
-    close(get(si), invstd, pdt, rtol=1e-4 if pdt == np.float32 else 2e-3)
-    close(get(rm), 0.9 * rmean + 0.1 * mean, pdt, rtol=1e-5 if pdt == np.float32 else 2e-3)
-    close(get(rv), 0.9 * rvar + 0.1 * var * m / max(m - 1, 1), pdt, rtol=1e-4 if pdt == np.float32 else 2e-3)
+    close(get(sm), mean, pdt, rtol=r_mean)
+    close(get(si), invstd, pdt, rtol=r_var)
+    close(get(rm), 0.9 * rmean + 0.1 * mean, pdt, rtol=r_mean)
+    close(get(rv), 0.9 * rvar + 0.1 * var * m / max(m - 1, 1), pdt, rtol=r_var)
 
     y2 = empty(shape, dt)
     K["batchnorm_infer"](y2, put(x), put(scale), put(bias), put(rmean), put(rvar), eps=1e-5)
@@ -756,15 +764,17 @@ def test_batchnorm(shape, dt, pdt):
     dx_ref = _bc(scale * sif, nd) / m * (m * dyf - _bc(db, nd) - xhat * _bc(ds, nd))
     dx, dscale, dbias = empty(shape, dt), empty((c,), pdt), empty((c,), pdt)
     K["batchnorm_backward"](dx, dscale, dbias, put(dy), put(x), put(scale), sm, si)
-    close(get(dx), dx_ref, dt, **({"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else tol))
-    close(get(dscale), ds, pdt, **({"rtol": 1e-4, "atol": 1e-4} if dt == np.float32 else {"rtol": 2e-2, "atol": 5e-2}))
-    close(get(dbias), db, pdt, **({"rtol": 1e-5, "atol": 1e-5} if dt == np.float32 else {"rtol": 2e-2, "atol": 5e-2}))
+    # float64 data: computed in double, so each result is as good as the dtype it is stored in (close's bounds)
+    half = {"rtol": 2e-2, "atol": 5e-2}
+    close(get(dx), dx_ref, dt, **{np.float32: {"rtol": 1e-4, "atol": 1e-4}, np.float16: tol, np.float64: {}}[dt])
+    close(get(dscale), ds, pdt, **{np.float32: {"rtol": 1e-4, "atol": 1e-4}, np.float16: half, np.float64: {}}[dt])
+    close(get(dbias), db, pdt, **{np.float32: {"rtol": 1e-5, "atol": 1e-5}, np.float16: half, np.float64: {}}[dt])
 
 
 # -- softmax and the loss -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 @pytest.mark.parametrize(("shape", "axis"), [((4, 10), 1), ((4, 10), 0), ((3, 5, 7), 1), ((2, 3, 2000), 1),
                                              ((6,), 0), ((3, 4, 5), -1), ((300, 40), 1), ((0, 5), 1)])
 def test_softmax_family(dt, shape, axis):
@@ -796,7 +806,7 @@ def test_softmax_is_stable_for_large_inputs():
     close(get(y), [[1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1)), 0.0], [0.0, 0.5, 0.5]], np.float32)
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 @pytest.mark.parametrize("target_kind", ["int32", "int64", "prob"])
 def test_softmax_cross_entropy(dt, target_kind):
     n, c = 7, 5
@@ -941,7 +951,7 @@ def test_philox_draws_are_bit_identical(seed, offset, n):
     assert philox_u32(seed, offset, n) == draws_ref(seed, offset, n)
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 @pytest.mark.parametrize("offset", [0, 4, 7, 1001])
 def test_random_uniform_is_bit_identical(dt, offset):
     seed, n = 0xDEADBEEF12345678, 3001
@@ -954,14 +964,15 @@ def test_random_uniform_is_bit_identical(dt, offset):
     np.testing.assert_array_equal(get(big)[:n], u.astype(np.float32))
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("dt", FLOAT_NP)
 def test_random_normal_follows_box_muller(dt):
     seed, offset, n = 42, 8, 2000
     u = (np.array(draws_ref(seed, offset, 2 * n), np.uint64) >> 8).astype(np.float64) * 2.0 ** -24
     ref = 1.0 + 2.0 * np.sqrt(-2.0 * np.log(1.0 - u[0::2])) * np.cos(2.0 * np.pi * u[1::2])
     out = empty((n,), dt)
     K["random_normal"](out, mean=1.0, std=2.0, seed=seed, offset=offset)
-    close(get(out), ref.astype(dt), dt, rtol=1e-6 if dt == np.float32 else 1e-3, atol=1e-6)
+    tol = {np.float32: {"rtol": 1e-6, "atol": 1e-6}, np.float16: {"rtol": 1e-3, "atol": 1e-6}, np.float64: {}}[dt]
+    close(get(out), ref.astype(dt), dt, **tol)
     big = empty((1 << 18,), np.float32)
     K["random_normal"](big, mean=0.0, std=1.0, seed=seed, offset=0)
     z = get(big).astype(np.float64)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import scipy_openblas32
 
+from singa import dtypes
 from singa.backend import Device
 
 # How long an idle OpenMP thread busy-waits for the next parallel region before sleeping. libgomp's default (300,000
@@ -50,6 +51,7 @@ def _cpu_model() -> str:
 
 class CpuDevice(Device):
     backend_name = "cpu"
+    dtypes = dtypes.ALL + (dtypes.float64,)  # every kernel computes float64 where it computes float32
 
     def __init__(self, id: int = 0):
         super().__init__(id)

@@ -14,12 +14,14 @@ from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args
 from singa.backend import View, contiguous_strides
+from singa_backend_cpu.codegen import kernel_dtypes
 from singa_backend_cpu.device import ffi, lib
 
-F32, F16, I32, I64, BOOL = dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_
-SUFFIX = {F32: "float32", F16: "float16", I32: "int32", I64: "int64", BOOL: "bool"}
+F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
+                                 dtypes.float64)
+SUFFIX = {F32: "float32", F16: "float16", I32: "int32", I64: "int64", BOOL: "bool", F64: "float64"}
 ITEMSIZE = {dt: dtypes.itemsize(dt) for dt in SUFFIX}
-FLOATS = (F32, F16)
+FLOATS = (F32, F16, F64)
 _NULL = ffi.NULL
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -119,13 +121,14 @@ def _norm_axis(axis: int, ndim: int, name: str) -> int:
 
 # -- element bits for fill and pad --------------------------------------------------------------------------------
 
-_FLOAT_MAX = {F32: 3.4028234663852886e38, F16: 65504.0}
+_FLOAT_MAX = {F32: 3.4028234663852886e38, F16: 65504.0, F64: math.inf}
+_FLOAT_FORMATS = {F32: ("<f", "<I"), F16: ("<e", "<H"), F64: ("<d", "<Q")}  # struct formats: value, bits
 
 
 def _element_bits(dtype: int, value) -> int:
     """The bit pattern of `value` converted to `dtype` the way numpy converts it (floats round, ints truncate)."""
     if dtype in FLOATS:
-        fmt, ufmt = ("<f", "<I") if dtype == F32 else ("<e", "<H")
+        fmt, ufmt = _FLOAT_FORMATS[dtype]
         v = float(value)
         if math.isfinite(v) and abs(v) > _FLOAT_MAX[dtype]:
             try:
@@ -175,7 +178,7 @@ def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
 
 
 def _make_binary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.dtypes
+    name, supported = entry.name, kernel_dtypes(entry)
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
     out_dtypes = _out_dtypes(entry)
@@ -199,7 +202,7 @@ def _make_binary(entry: expressions.Elementwise) -> Callable:
 
 
 def _make_unary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.dtypes
+    name, supported = entry.name, kernel_dtypes(entry)
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
     out_dtypes = _out_dtypes(entry)
@@ -345,7 +348,7 @@ def _as_batched(shape: tuple) -> tuple[int, int, int]:
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
     views = (out, a, b)
     if not (a.dtype == b.dtype == out.dtype):
-        raise _dtype_error("matmul", views, (F32, F16, I32, I64))
+        raise _dtype_error("matmul", views, FLOATS + (I32, I64))
     a, b = _contiguous(a), _contiguous(b)
     try:
         ba, ar, ac = _as_batched(a.shape)

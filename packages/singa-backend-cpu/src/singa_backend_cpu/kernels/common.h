@@ -2,6 +2,7 @@
  *
  * Every kernel takes raw `char *` buffers plus element offsets, the way the Python side holds them (cffi handles), and
  * returns an SG_* status code where it can fail. Buffers are never assumed to be aligned beyond their element size.
+ * Floating-point kernels are written once for float and double (real.h); float16 is computed through float copies.
  */
 #ifndef SINGA_CPU_COMMON_H
 #define SINGA_CPU_COMMON_H
@@ -20,7 +21,18 @@
 typedef _Float16 sg_half;
 
 /* dtype codes: the same numbers as singa.dtypes */
-enum { SG_F32 = 0, SG_F16 = 1, SG_I32 = 2, SG_I64 = 3, SG_BOOL = 4 };
+enum { SG_F32 = 0, SG_F16 = 1, SG_I32 = 2, SG_I64 = 3, SG_BOOL = 4, SG_F64 = 5 };
+
+static inline int sg_itemsize(int dtype) {
+    switch (dtype) {
+    case SG_F16: return 2;
+    case SG_I64: case SG_F64: return 8;
+    case SG_BOOL: return 1;
+    default: return 4;
+    }
+}
+
+static inline int sg_is_float(int dtype) { return dtype == SG_F32 || dtype == SG_F16 || dtype == SG_F64; }
 
 /* status codes returned to Python (table.py turns them into exceptions) */
 enum { SG_OK = 0, SG_ENOMEM = 1, SG_EDTYPE = 2, SG_EINDEX = 3, SG_EVALUE = 4 };
@@ -92,13 +104,15 @@ typedef void (*sg_row_fn)(int64_t n, char *const *p, const int64_t *st, const vo
 void sg_strided_run(int nops, const int *itemsizes, int ndim, const int64_t *dims, char *const *base, sg_row_fn row,
                     const void *ctx, int64_t thresh);
 
-/* -- float32 products (gemm.c) ---------------------------------------------------------------------------------
- * Row-major C = alpha op(A) op(B) + beta C through OpenBLAS. OpenBLAS is kept at one thread and this backend splits
- * products over its own OpenMP threads instead: one pool for every kernel, so that OpenBLAS's workers and OpenMP's
- * never compete for the cores (on a busy machine that competition made each mid-sized product wait for a scheduler
- * slice). `may_split` = 0 when the caller already runs on one of several threads. */
-void sg_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-              const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int may_split);
+/* -- float32 and float64 products (gemm.c, gemm_real.h) ---------------------------------------------------------
+ * Row-major C = alpha op(A) op(B) + beta C through OpenBLAS sgemm / dgemm. OpenBLAS is kept at one thread and this
+ * backend splits products over its own OpenMP threads instead: one pool for every kernel, so that OpenBLAS's workers
+ * and OpenMP's never compete for the cores (on a busy machine that competition made each mid-sized product wait for a
+ * scheduler slice). `may_split` = 0 when the caller already runs on one of several threads. */
+void sg_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int may_split);
+void sg_gemm_f64(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a, int64_t lda,
+                 const double *b, int64_t ldb, double beta, double *c, int64_t ldc, int may_split);
 
 /* -- float16 <-> float in bulk (GCC 12 does not vectorise _Float16 conversions itself) ------------------------- */
 static inline void sg_h2f(const sg_half *src, float *dst, int64_t n) {
@@ -132,16 +146,22 @@ static inline float *sg_as_f32(const char *p, int dtype, int64_t n, int *owned) 
     return t;
 }
 
-/* Scalar load/store of one element of a float32 or float16 buffer (per-channel parameters and the like). */
-static inline float sg_ldf(const char *p, int dtype, int64_t i) {
-    return dtype == SG_F16 ? (float)((const sg_half *)p)[i] : ((const float *)p)[i];
+/* Scalar load/store of one element of a float32, float16 or float64 buffer (per-channel parameters and the like);
+ * a store rounds once, from double into the buffer's dtype. */
+static inline double sg_ldf(const char *p, int dtype, int64_t i) {
+    switch (dtype) {
+    case SG_F16: return (double)((const sg_half *)p)[i];
+    case SG_F64: return ((const double *)p)[i];
+    default: return (double)((const float *)p)[i];
+    }
 }
 
-static inline void sg_stf(char *p, int dtype, int64_t i, float v) {
-    if (dtype == SG_F16)
-        ((sg_half *)p)[i] = (sg_half)v;
-    else
-        ((float *)p)[i] = v;
+static inline void sg_stf(char *p, int dtype, int64_t i, double v) {
+    switch (dtype) {
+    case SG_F16: ((sg_half *)p)[i] = (sg_half)v; break;
+    case SG_F64: ((double *)p)[i] = v; break;
+    default: ((float *)p)[i] = (float)v;
+    }
 }
 
 /* -- expf that the compiler can vectorise -------------------------------------------------------------------------
@@ -174,5 +194,9 @@ static inline float sg_vexpf(float x) {
     res = x < -103.972084f ? 0.0f : res;
     return x != x ? x : res;
 }
+
+/* exp as the kernels written once per type (real.h) call it: SG_R(sg_exp) */
+static inline float sg_exp_f32(float x) { return sg_vexpf(x); }
+static inline double sg_exp_f64(double x) { return exp(x); }
 
 #endif

@@ -84,7 +84,7 @@ int sg_scatter_add(int dtype, char *out, int64_t oo, int idt, const char *idx, i
     idx += io * isz_idx;
     const int err = check_indices(idt, idx, count, axis_len, bad);
     if (err) return err;
-    const int isz = dtype == SG_F16 ? 2 : (dtype == SG_I64 ? 8 : 4);
+    const int isz = sg_itemsize(dtype);
     out += oo * isz;
     upd += uo * isz;
     /* threads own whole outer slices, or slices of the inner axis: never the same output element */
@@ -95,6 +95,7 @@ int sg_scatter_add(int dtype, char *out, int64_t oo, int idt, const char *idx, i
     switch (dtype) {
     case SG_F32: SCATTER(float, ID, ID); break;
     case SG_F16: SCATTER(sg_half, HALF_LOAD, HALF_STORE); break;
+    case SG_F64: SCATTER(double, ID, ID); break;
     case SG_I32: SCATTER(int32_t, ID, ID); break;
     case SG_I64: SCATTER(int64_t, ID, ID); break;
     default: return SG_EDTYPE;

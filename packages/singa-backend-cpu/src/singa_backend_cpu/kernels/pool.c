@@ -1,4 +1,5 @@
-/* 2-D max and average pooling (NCHW) and their gradients; one (n, c) plane per task, float16 through float32. */
+/* 2-D max and average pooling (NCHW) and their gradients; one (n, c) plane per task. The kernels are in pool_real.h
+ * (float32 and float64); float16 goes through float32 copies. */
 #include "common.h"
 
 enum { POOL_MAX = 0, POOL_AVG = 1 };
@@ -44,101 +45,6 @@ static int taps_open(taps *t, int64_t out_len, int64_t len, int64_t k, int64_t s
     return SG_OK;
 }
 
-static void pool_forward_f32(const pgeom *q, int mode, int cip, const float *x, float *y, int64_t *idx,
-                             const taps *tr, const taps *tc) {
-    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, W = q->W;
-    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 14);
-#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
-    for (int64_t p = 0; p < planes; p++) {
-        const float *xp = x + p * q->H * W;
-        float *yp = y + p * ohw;
-        int64_t *ip = idx ? idx + p * ohw : NULL;
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            const int64_t i0 = tr->lo[oh], i1 = tr->hi[oh], hbase = oh * q->sh - q->pt;
-            for (int64_t ow = 0; ow < q->OW; ow++) {
-                const int64_t j0 = tc->lo[ow], j1 = tc->hi[ow], wbase = ow * q->sw - q->pl, o = oh * q->OW + ow;
-                if (mode == POOL_MAX) {
-                    float best = 0.0f;
-                    int64_t bi = -1;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const int64_t row = (hbase + i * q->dh) * W;
-                        for (int64_t j = j0; j < j1; j++) {
-                            const int64_t at = row + wbase + j * q->dw;
-                            const float v = xp[at];
-                            /* first maximum wins; a NaN beats everything and the first NaN stays. Written as
-                             * selects: on real data the comparison is a coin toss, and a branch mispredicts */
-                            const int take = (bi < 0) | (v > best) | ((v != v) & (best == best));
-                            best = take ? v : best;
-                            bi = take ? at : bi;
-                        }
-                    }
-                    yp[o] = bi < 0 ? 0.0f : best;
-                    if (ip) ip[o] = bi;
-                } else {
-                    double sum = 0.0;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const float *row = xp + (hbase + i * q->dh) * W + wbase;
-                        for (int64_t j = j0; j < j1; j++) sum += row[j * q->dw];
-                    }
-                    const int64_t inside = (i1 - i0) * (j1 - j0);
-                    const int64_t div = cip ? tr->padded[oh] * tc->padded[ow] : inside;
-                    yp[o] = inside == 0 ? 0.0f : (float)(sum / (double)div);
-                    if (ip) ip[o] = -1; /* average windows have no winner */
-                }
-            }
-        }
-    }
-}
-
-static void pool_backward_f32(const pgeom *q, int mode, int cip, const float *dy, const float *x, const int64_t *idx,
-                              float *dx, const taps *tr, const taps *tc) {
-    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W;
-    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 14);
-#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
-    for (int64_t p = 0; p < planes; p++) {
-        float *dxp = dx + p * hw;
-        const float *dyp = dy + p * ohw;
-        memset(dxp, 0, (size_t)hw * sizeof(float));
-        if (mode == POOL_MAX && idx) { /* scatter to the forward's winners */
-            const int64_t *ip = idx + p * ohw;
-            for (int64_t o = 0; o < ohw; o++) {
-                const int64_t at = ip[o];
-                if (at >= 0 && at < hw) dxp[at] += dyp[o];
-            }
-            continue;
-        }
-        const float *xp = x ? x + p * hw : NULL;
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            const int64_t i0 = tr->lo[oh], i1 = tr->hi[oh], hbase = oh * q->sh - q->pt;
-            for (int64_t ow = 0; ow < q->OW; ow++) {
-                const int64_t j0 = tc->lo[ow], j1 = tc->hi[ow], wbase = ow * q->sw - q->pl;
-                const float g = dyp[oh * q->OW + ow];
-                if (mode == POOL_MAX) { /* no indices: find the winner again */
-                    float best = 0.0f;
-                    int64_t bi = -1;
-                    for (int64_t i = i0; i < i1; i++)
-                        for (int64_t j = j0; j < j1; j++) {
-                            const int64_t at = (hbase + i * q->dh) * W + wbase + j * q->dw;
-                            const float v = xp[at];
-                            const int take = (bi < 0) | (v > best) | ((v != v) & (best == best));
-                            best = take ? v : best;
-                            bi = take ? at : bi;
-                        }
-                    if (bi >= 0) dxp[bi] += g;
-                    continue;
-                }
-                const int64_t inside = (i1 - i0) * (j1 - j0);
-                if (inside == 0) continue;
-                const float share = (float)((double)g / (double)(cip ? tr->padded[oh] * tc->padded[ow] : inside));
-                for (int64_t i = i0; i < i1; i++) {
-                    float *row = dxp + (hbase + i * q->dh) * W + wbase;
-                    for (int64_t j = j0; j < j1; j++) row[j * q->dw] += share;
-                }
-            }
-        }
-    }
-}
-
 static int open_taps(const pgeom *q, taps *tr, taps *tc) {
     tc->lo = NULL;
     if (taps_open(tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh)) return SG_ENOMEM;
@@ -149,31 +55,39 @@ static int open_taps(const pgeom *q, taps *tr, taps *tc) {
     return SG_OK;
 }
 
+#define SG_REAL_TEMPLATE "pool_real.h"
+#include "real.h"
+
 int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t xo, char *y, int64_t yo, char *idx,
               int64_t io, const int64_t *geom) {
     pgeom q;
     int err = read_pgeom(geom, &q);
     if (err) return err;
-    if (dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
+    if (!sg_is_float(dtype)) return SG_EDTYPE;
     if (mode != POOL_MAX && mode != POOL_AVG) return SG_EVALUE;
-    const int64_t isz = dtype == SG_F32 ? 4 : 2, ny = q.N * q.C * q.OH * q.OW;
+    const int64_t isz = sg_itemsize(dtype), ny = q.N * q.C * q.OH * q.OW;
     if (ny == 0) return SG_OK;
-    int ox;
-    float *fx = sg_as_f32(x + xo * isz, dtype, q.N * q.C * q.H * q.W, &ox);
-    float *fy = dtype == SG_F32 ? (float *)(y + yo * isz) : (float *)malloc((size_t)ny * sizeof(float));
     taps tr, tc;
-    if (!fx || !fy || open_taps(&q, &tr, &tc)) {
-        err = SG_ENOMEM;
+    if (open_taps(&q, &tr, &tc)) return SG_ENOMEM;
+    int64_t *ip = idx ? (int64_t *)idx + io : NULL;
+    if (dtype == SG_F64) {
+        pool_forward_f64(&q, mode, count_include_pad, (const double *)x + xo, (double *)y + yo, ip, &tr, &tc);
     } else {
-        pool_forward_f32(&q, mode, count_include_pad, fx, fy, idx ? (int64_t *)idx + io : NULL, &tr, &tc);
-        free(tr.lo);
-        free(tc.lo);
+        int ox;
+        float *fx = sg_as_f32(x + xo * isz, dtype, q.N * q.C * q.H * q.W, &ox);
+        float *fy = dtype == SG_F32 ? (float *)(y + yo * isz) : (float *)malloc((size_t)ny * sizeof(float));
+        if (!fx || !fy)
+            err = SG_ENOMEM;
+        else
+            pool_forward_f32(&q, mode, count_include_pad, fx, fy, ip, &tr, &tc);
+        if (dtype == SG_F16 && fy) {
+            if (!err) sg_f2h(fy, (sg_half *)(y + yo * isz), ny);
+            free(fy);
+        }
+        if (ox) free(fx);
     }
-    if (dtype != SG_F32 && fy) {
-        if (!err) sg_f2h(fy, (sg_half *)(y + yo * isz), ny);
-        free(fy);
-    }
-    if (ox) free(fx);
+    free(tr.lo);
+    free(tc.lo);
     return err;
 }
 
@@ -182,29 +96,35 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
     pgeom q;
     int err = read_pgeom(geom, &q);
     if (err) return err;
-    if (dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
+    if (!sg_is_float(dtype)) return SG_EDTYPE;
     if (mode != POOL_MAX && mode != POOL_AVG) return SG_EVALUE;
-    const int64_t isz = dtype == SG_F32 ? 4 : 2, nx = q.N * q.C * q.H * q.W;
+    const int64_t isz = sg_itemsize(dtype), nx = q.N * q.C * q.H * q.W;
     if (nx == 0) return SG_OK;
     const int need_x = mode == POOL_MAX && !idx;
     if (need_x && !x) return SG_EVALUE;
-    int ody, ox = 0;
-    float *fdy = sg_as_f32(dy + dyo * isz, dtype, q.N * q.C * q.OH * q.OW, &ody);
-    float *fx = need_x ? sg_as_f32(x + xo * isz, dtype, nx, &ox) : NULL;
-    float *fdx = dtype == SG_F32 ? (float *)(dx + dxo * isz) : (float *)malloc((size_t)nx * sizeof(float));
     taps tr, tc;
-    if (!fdy || (need_x && !fx) || !fdx || open_taps(&q, &tr, &tc)) {
-        err = SG_ENOMEM;
+    if (open_taps(&q, &tr, &tc)) return SG_ENOMEM;
+    const int64_t *ip = idx ? (const int64_t *)idx + io : NULL;
+    if (dtype == SG_F64) {
+        pool_backward_f64(&q, mode, count_include_pad, (const double *)dy + dyo, need_x ? (const double *)x + xo : NULL,
+                          ip, (double *)dx + dxo, &tr, &tc);
     } else {
-        pool_backward_f32(&q, mode, count_include_pad, fdy, fx, idx ? (const int64_t *)idx + io : NULL, fdx, &tr, &tc);
-        free(tr.lo);
-        free(tc.lo);
+        int ody, ox = 0;
+        float *fdy = sg_as_f32(dy + dyo * isz, dtype, q.N * q.C * q.OH * q.OW, &ody);
+        float *fx = need_x ? sg_as_f32(x + xo * isz, dtype, nx, &ox) : NULL;
+        float *fdx = dtype == SG_F32 ? (float *)(dx + dxo * isz) : (float *)malloc((size_t)nx * sizeof(float));
+        if (!fdy || (need_x && !fx) || !fdx)
+            err = SG_ENOMEM;
+        else
+            pool_backward_f32(&q, mode, count_include_pad, fdy, fx, ip, fdx, &tr, &tc);
+        if (dtype == SG_F16 && fdx) {
+            if (!err) sg_f2h(fdx, (sg_half *)(dx + dxo * isz), nx);
+            free(fdx);
+        }
+        if (ody) free(fdy);
+        if (ox) free(fx);
     }
-    if (dtype != SG_F32 && fdx) {
-        if (!err) sg_f2h(fdx, (sg_half *)(dx + dxo * isz), nx);
-        free(fdx);
-    }
-    if (ody) free(fdy);
-    if (ox) free(fx);
+    free(tr.lo);
+    free(tc.lo);
     return err;
 }

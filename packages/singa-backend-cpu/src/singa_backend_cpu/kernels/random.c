@@ -1,6 +1,7 @@
 /* Counter-based random numbers: Philox4x32-10 exactly as singa.primitives.PHILOX_DOC fixes it, so every backend draws
  * the same numbers. Draw c of a stream is word c % 4 of Philox(counter = c / 4, key = seed); the float draw is
- * (word >> 8) * 2^-24. Values are computed in double and rounded once into the output dtype. */
+ * (word >> 8) * 2^-24. Values are computed in double and rounded once into the output dtype; float64 output keeps those
+ * 24-bit draws as they are, as singa.fallback does. */
 #include "common.h"
 
 #define PHILOX_M0 0xD2511F53u
@@ -67,18 +68,10 @@ static inline void store_value(int dtype, char *out, int64_t i, double v) {
     switch (dtype) {
     case SG_F32: ((float *)out)[i] = (float)v; break;
     case SG_F16: ((sg_half *)out)[i] = (sg_half)v; break;
+    case SG_F64: ((double *)out)[i] = v; break;
     case SG_I32: ((int32_t *)out)[i] = (int32_t)v; break;
     case SG_I64: ((int64_t *)out)[i] = (int64_t)v; break;
     default: ((uint8_t *)out)[i] = v != 0;
-    }
-}
-
-static int64_t item(int dtype) {
-    switch (dtype) {
-    case SG_F16: return 2;
-    case SG_I64: return 8;
-    case SG_BOOL: return 1;
-    default: return 4;
     }
 }
 
@@ -110,10 +103,10 @@ static void fill_range(int dist, int dtype, char *out, int64_t lo, int64_t hi, d
 
 static int run(int dist, int dtype, char *out, int64_t oo, int64_t n, double a, double b, uint64_t seed,
                uint64_t offset) {
-    if (dtype < SG_F32 || dtype > SG_BOOL) return SG_EDTYPE;
-    if (dist != DIST_BERNOULLI && dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
+    if (dtype < SG_F32 || dtype > SG_F64) return SG_EDTYPE;
+    if (dist != DIST_BERNOULLI && !sg_is_float(dtype)) return SG_EDTYPE;
     if (n <= 0) return SG_OK;
-    out += oo * item(dtype);
+    out += oo * sg_itemsize(dtype);
     const int T = sg_threads_for(n, dist == DIST_NORMAL ? 4096 : 16384);
     if (T < 2) {
         fill_range(dist, dtype, out, 0, n, a, b, seed, offset);

@@ -4,7 +4,7 @@
  * neighbouring axes with the same role one axis). The innermost group is walked as rows: a reduced innermost group
  * collapses each row to one value, a kept one adds the row element-wise into a row of accumulators. Accumulators are
  * double for float inputs (float16 included) and int64 for integers and bool, so float32 sums of millions of elements
- * stay accurate. Threads split the outermost kept group, or the innermost one, or the chunks of a full reduction.
+ * stay accurate. The float rows are in reduce_real.h (float32 and float64). Threads split the outermost kept group, or the innermost one, or the chunks of a full reduction.
  */
 #include "common.h"
 
@@ -21,41 +21,7 @@ typedef struct {
     int red[MAX_GROUPS];
 } layout;
 
-/* -- rows of float data (float32, or float16 converted in blocks) into double accumulators ------------------------ */
-static double frow_sum(const float *p, int64_t n) {
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += (double)p[i];
-    return s;
-}
-static double frow_prod(const float *p, int64_t n) {
-    double s = 1;
-#pragma omp simd reduction(* : s)
-    for (int64_t i = 0; i < n; i++) s *= (double)p[i];
-    return s;
-}
-static double frow_max(const float *p, int64_t n) {
-    float m = -INFINITY;
-    int bad = 0;
-#pragma omp simd reduction(max : m) reduction(| : bad)
-    for (int64_t i = 0; i < n; i++) {
-        const float v = p[i];
-        m = v > m ? v : m;
-        bad |= v != v;
-    }
-    return bad ? NAN : (double)m;
-}
-static double frow_min(const float *p, int64_t n) {
-    float m = INFINITY;
-    int bad = 0;
-#pragma omp simd reduction(min : m) reduction(| : bad)
-    for (int64_t i = 0; i < n; i++) {
-        const float v = p[i];
-        m = v < m ? v : m;
-        bad |= v != v;
-    }
-    return bad ? NAN : (double)m;
-}
+/* -- rows of float data (float32 and float64, float16 converted in blocks) into double accumulators ---------- */
 static double fcombine(int op, double a, double v) {
     switch (op) {
     case OP_MAX: return (v > a || v != v || a != a) ? (a != a ? a : v) : a;
@@ -64,39 +30,9 @@ static double fcombine(int op, double a, double v) {
     default: return a + v;
     }
 }
-static double frow(int op, const float *p, int64_t n) {
-    switch (op) {
-    case OP_MAX: return frow_max(p, n);
-    case OP_MIN: return frow_min(p, n);
-    case OP_PROD: return frow_prod(p, n);
-    default: return frow_sum(p, n);
-    }
-}
-static void facc(int op, double *a, const float *p, int64_t n) {
-    switch (op) {
-    case OP_MAX:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const double v = p[i];
-            a[i] = (v > a[i] || v != v) ? v : a[i];
-        }
-        break;
-    case OP_MIN:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const double v = p[i];
-            a[i] = (v < a[i] || v != v) ? v : a[i];
-        }
-        break;
-    case OP_PROD:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) a[i] *= (double)p[i];
-        break;
-    default:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) a[i] += (double)p[i];
-    }
-}
+
+#define SG_REAL_TEMPLATE "reduce_real.h"
+#include "real.h"
 
 /* -- rows of integer data into int64 accumulators --------------------------------------------------------------- */
 static int64_t icombine(int op, int64_t a, int64_t v) {
@@ -153,9 +89,15 @@ static void do_row(int op, int dtype, const char *x, int64_t off, int64_t n, voi
     switch (dtype) {
     case SG_F32:
         if (reduce)
-            *(double *)acc = fcombine(op, *(double *)acc, frow(op, (const float *)x + off, n));
+            *(double *)acc = fcombine(op, *(double *)acc, frow_f32(op, (const float *)x + off, n));
         else
-            facc(op, (double *)acc, (const float *)x + off, n);
+            facc_f32(op, (double *)acc, (const float *)x + off, n);
+        return;
+    case SG_F64:
+        if (reduce)
+            *(double *)acc = fcombine(op, *(double *)acc, frow_f64(op, (const double *)x + off, n));
+        else
+            facc_f64(op, (double *)acc, (const double *)x + off, n);
         return;
     case SG_F16: {
         float t[SG_BLK];
@@ -164,9 +106,9 @@ static void do_row(int op, int dtype, const char *x, int64_t off, int64_t n, voi
             const int64_t m = sg_min64(SG_BLK, n - s);
             sg_h2f(p + s, t, m);
             if (reduce)
-                *(double *)acc = fcombine(op, *(double *)acc, frow(op, t, m));
+                *(double *)acc = fcombine(op, *(double *)acc, frow_f32(op, t, m));
             else
-                facc(op, (double *)acc + s, t, m);
+                facc_f32(op, (double *)acc + s, t, m);
         }
         return;
     }
@@ -228,6 +170,7 @@ static void store(int op, int in_float, const char *acc, int64_t i, int out_dtyp
         switch (out_dtype) {
         case SG_F32: ((float *)out)[i] = (float)v; break;
         case SG_F16: ((sg_half *)out)[i] = (sg_half)v; break;
+        case SG_F64: ((double *)out)[i] = v; break;
         case SG_I32: ((int32_t *)out)[i] = (int32_t)v; break;
         case SG_I64: ((int64_t *)out)[i] = (int64_t)v; break;
         default: ((uint8_t *)out)[i] = v != 0;
@@ -238,6 +181,7 @@ static void store(int op, int in_float, const char *acc, int64_t i, int out_dtyp
         switch (out_dtype) {
         case SG_F32: ((float *)out)[i] = (float)v; break;
         case SG_F16: ((sg_half *)out)[i] = (sg_half)v; break;
+        case SG_F64: ((double *)out)[i] = (double)v; break;
         case SG_I32: ((int32_t *)out)[i] = (int32_t)v; break;
         case SG_I64: ((int64_t *)out)[i] = v; break;
         default: ((uint8_t *)out)[i] = v != 0;
@@ -245,22 +189,13 @@ static void store(int op, int in_float, const char *acc, int64_t i, int out_dtyp
     }
 }
 
-static int itemsize(int dtype) {
-    switch (dtype) {
-    case SG_F32: case SG_I32: return 4;
-    case SG_F16: return 2;
-    case SG_I64: return 8;
-    default: return 1;
-    }
-}
-
 int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, char *out, int64_t oo, int ndim,
               const int64_t *dims) {
-    if (in_dtype < SG_F32 || in_dtype > SG_BOOL || out_dtype < SG_F32 || out_dtype > SG_BOOL) return SG_EDTYPE;
+    if (in_dtype < SG_F32 || in_dtype > SG_F64 || out_dtype < SG_F32 || out_dtype > SG_F64) return SG_EDTYPE;
     if (ndim > MAX_GROUPS) return SG_EVALUE;
-    const int in_float = in_dtype == SG_F32 || in_dtype == SG_F16;
-    x += xo * itemsize(in_dtype);
-    out += oo * itemsize(out_dtype);
+    const int in_float = sg_is_float(in_dtype);
+    x += xo * sg_itemsize(in_dtype);
+    out += oo * sg_itemsize(out_dtype);
 
     /* merge axes into groups; size-1 axes play no part */
     layout L = {0};
@@ -409,16 +344,17 @@ int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, ch
 #define LOAD_HALF(v) ((float)(v))
 ARG_FUNCS(f32, float, LOAD_PLAIN, float)
 ARG_FUNCS(f16, sg_half, LOAD_HALF, float)
+ARG_FUNCS(f64, double, LOAD_PLAIN, double)
 ARG_FUNCS(i32, int32_t, LOAD_PLAIN, int32_t)
 ARG_FUNCS(i64, int64_t, LOAD_PLAIN, int64_t)
 ARG_FUNCS(u8, uint8_t, LOAD_PLAIN, int)
 
 int sg_argreduce(int want_max, int dtype, const char *x, int64_t xo, char *out, int64_t oo, int64_t outer,
                  int64_t len, int64_t inner) {
-    if (dtype < SG_F32 || dtype > SG_BOOL) return SG_EDTYPE;
+    if (dtype < SG_F32 || dtype > SG_F64) return SG_EDTYPE;
     if (outer == 0 || inner == 0) return SG_OK;
     if (len == 0) return SG_EVALUE;
-    x += xo * itemsize(dtype);
+    x += xo * sg_itemsize(dtype);
     int64_t *o = (int64_t *)out + oo;
     const int T = sg_threads_for(outer * len * inner, RED_GRAIN);
     int err = SG_OK;
@@ -436,6 +372,7 @@ int sg_argreduce(int want_max, int dtype, const char *x, int64_t xo, char *out, 
                 switch (dtype) {
                 case SG_F32: arg_f32(want_max, (const float *)x + base, len, inner, orow, (float *)best); break;
                 case SG_F16: arg_f16(want_max, (const sg_half *)x + base, len, inner, orow, (float *)best); break;
+                case SG_F64: arg_f64(want_max, (const double *)x + base, len, inner, orow, (double *)best); break;
                 case SG_I32: arg_i32(want_max, (const int32_t *)x + base, len, inner, orow, (int32_t *)best); break;
                 case SG_I64: arg_i64(want_max, (const int64_t *)x + base, len, inner, orow, best); break;
                 default: arg_u8(want_max, (const uint8_t *)x + base, len, inner, orow, (int *)best);

@@ -1,132 +1,29 @@
-/* Softmax and log-softmax along one axis (x seen as (outer, len, inner)), their gradients, and the softmax
- * cross-entropy loss with integer labels or probability targets. Exponentials use the vectorisable sg_vexpf, sums
- * accumulate in double; the loss itself is computed in double. float16 goes through float32 copies. */
+/* Softmax and log-softmax along one axis (x seen as (outer, len, inner)), their gradients (softmax_real.h, float32
+ * and float64), and the softmax cross-entropy loss with integer labels or probability targets. float32 exponentials
+ * use the vectorisable sg_vexpf, sums accumulate in double; the loss itself is computed in double. float16 goes
+ * through float32 copies. */
 #include "common.h"
 
 #define INNER_BLOCK 1024 /* columns of an inner > 1 softmax handled together */
 
-/* one softmax row with unit stride */
-static void softmax_row(const float *x, float *y, int64_t len, int log_) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t i = 0; i < len; i++) m = x[i] > m ? x[i] : m;
-    double s = 0.0;
-    if (log_) {
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < len; i++) s += sg_vexpf(x[i] - m);
-        const float ls = (float)log(s); /* (x - m) - log s: x - m is exact near the maximum */
-#pragma omp simd
-        for (int64_t i = 0; i < len; i++) y[i] = (x[i] - m) - ls;
-    } else {
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < len; i++) {
-            const float e = sg_vexpf(x[i] - m);
-            y[i] = e;
-            s += e;
-        }
-        const float r = (float)(1.0 / s);
-#pragma omp simd
-        for (int64_t i = 0; i < len; i++) y[i] *= r;
-    }
-}
-
-/* columns [c0, c1) of one (len, inner) slab */
-static void softmax_cols(const float *x, float *y, int64_t len, int64_t inner, int64_t c0, int64_t c1, int log_,
-                         float *m, double *s) {
-    const int64_t w = c1 - c0;
-    for (int64_t j = 0; j < w; j++) { m[j] = -INFINITY; s[j] = 0.0; }
-    for (int64_t r = 0; r < len; r++) {
-        const float *p = x + r * inner + c0;
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) m[j] = p[j] > m[j] ? p[j] : m[j];
-    }
-    for (int64_t r = 0; r < len; r++) {
-        const float *p = x + r * inner + c0;
-        float *q = y + r * inner + c0;
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            const float e = sg_vexpf(p[j] - m[j]);
-            if (!log_) q[j] = e;
-            s[j] += e;
-        }
-    }
-    for (int64_t j = 0; j < w; j++) s[j] = log_ ? log(s[j]) : 1.0 / s[j];
-    for (int64_t r = 0; r < len; r++) {
-        const float *p = x + r * inner + c0;
-        float *q = y + r * inner + c0;
-        if (log_) {
-            for (int64_t j = 0; j < w; j++) q[j] = (p[j] - m[j]) - (float)s[j];
-        } else {
-            for (int64_t j = 0; j < w; j++) q[j] = (float)(q[j] * s[j]);
-        }
-    }
-}
-
-static void softmax_f32(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int log_) {
-    const int64_t blocks = (inner + INNER_BLOCK - 1) / INNER_BLOCK, tasks = outer * blocks;
-    const int T = sg_threads_for(outer * len * inner, 1 << 14);
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        float m[INNER_BLOCK];
-        double s[INNER_BLOCK];
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tasks; t++) {
-            const int64_t o = t / blocks, b = t % blocks;
-            const float *xs = x + o * len * inner;
-            float *ys = y + o * len * inner;
-            if (inner == 1)
-                softmax_row(xs, ys, len, log_);
-            else
-                softmax_cols(xs, ys, len, inner, b * INNER_BLOCK, sg_min64(inner, (b + 1) * INNER_BLOCK), log_, m, s);
-        }
-    }
-}
-
-/* softmax: dx = y (dy - sum(dy y)); log-softmax: dx = dy - exp(y) sum(dy) */
-static void softmax_backward_f32(const float *dy, const float *y, float *dx, int64_t outer, int64_t len,
-                                 int64_t inner, int log_) {
-    const int64_t blocks = (inner + INNER_BLOCK - 1) / INNER_BLOCK, tasks = outer * blocks;
-    const int T = sg_threads_for(outer * len * inner, 1 << 14);
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        double s[INNER_BLOCK];
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tasks; t++) {
-            const int64_t o = t / blocks, b = t % blocks;
-            const int64_t c0 = b * INNER_BLOCK, w = sg_min64(inner, c0 + INNER_BLOCK) - c0;
-            const int64_t base = o * len * inner + c0;
-            for (int64_t j = 0; j < w; j++) s[j] = 0.0;
-            for (int64_t r = 0; r < len; r++) {
-                const float *g = dy + base + r * inner, *p = y + base + r * inner;
-                if (log_)
-                    for (int64_t j = 0; j < w; j++) s[j] += g[j];
-                else
-                    for (int64_t j = 0; j < w; j++) s[j] += (double)g[j] * p[j];
-            }
-            for (int64_t r = 0; r < len; r++) {
-                const float *g = dy + base + r * inner, *p = y + base + r * inner;
-                float *q = dx + base + r * inner;
-                if (log_)
-                    for (int64_t j = 0; j < w; j++) q[j] = (float)(g[j] - sg_vexpf(p[j]) * s[j]);
-                else
-                    for (int64_t j = 0; j < w; j++) q[j] = (float)(p[j] * (g[j] - s[j]));
-            }
-        }
-    }
-}
-
-static int fsize(int dtype) { return dtype == SG_F16 ? 2 : 4; }
+#define SG_REAL_TEMPLATE "softmax_real.h"
+#include "real.h"
 
 int sg_softmax(int dtype, int log, const char *x, int64_t xo, char *y, int64_t yo, int64_t outer, int64_t len,
                int64_t inner) {
-    if (dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
+    if (!sg_is_float(dtype)) return SG_EDTYPE;
     const int64_t n = outer * len * inner;
     if (n == 0) return SG_OK;
+    if (dtype == SG_F64) {
+        softmax_all_f64((const double *)x + xo, (double *)y + yo, outer, len, inner, log);
+        return SG_OK;
+    }
+    const int isz = sg_itemsize(dtype);
     int own;
-    float *fx = sg_as_f32(x + xo * fsize(dtype), dtype, n, &own);
+    float *fx = sg_as_f32(x + xo * isz, dtype, n, &own);
     float *fy = dtype == SG_F32 ? (float *)y + yo : (float *)malloc((size_t)n * sizeof(float));
     int err = fx && fy ? SG_OK : SG_ENOMEM;
-    if (!err) softmax_f32(fx, fy, outer, len, inner, log);
+    if (!err) softmax_all_f32(fx, fy, outer, len, inner, log);
     if (dtype != SG_F32 && fy) {
         if (!err) sg_f2h(fy, (sg_half *)y + yo, n);
         free(fy);
@@ -137,12 +34,18 @@ int sg_softmax(int dtype, int log, const char *x, int64_t xo, char *y, int64_t y
 
 int sg_softmax_backward(int dtype, int log, const char *dy, int64_t dyo, const char *y, int64_t yo, char *dx,
                         int64_t dxo, int64_t outer, int64_t len, int64_t inner) {
-    if (dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
+    if (!sg_is_float(dtype)) return SG_EDTYPE;
     const int64_t n = outer * len * inner;
     if (n == 0) return SG_OK;
+    if (dtype == SG_F64) {
+        softmax_backward_f64((const double *)dy + dyo, (const double *)y + yo, (double *)dx + dxo, outer, len, inner,
+                             log);
+        return SG_OK;
+    }
+    const int isz = sg_itemsize(dtype);
     int own_dy, own_y;
-    float *fdy = sg_as_f32(dy + dyo * fsize(dtype), dtype, n, &own_dy);
-    float *fy = sg_as_f32(y + yo * fsize(dtype), dtype, n, &own_y);
+    float *fdy = sg_as_f32(dy + dyo * isz, dtype, n, &own_dy);
+    float *fy = sg_as_f32(y + yo * isz, dtype, n, &own_y);
     float *fdx = dtype == SG_F32 ? (float *)dx + dxo : (float *)malloc((size_t)n * sizeof(float));
     int err = fdy && fy && fdx ? SG_OK : SG_ENOMEM;
     if (!err) softmax_backward_f32(fdy, fy, fdx, outer, len, inner, log);
@@ -180,8 +83,8 @@ static double row_lse(const char *x, int dtype, int64_t C) {
 }
 
 static int check_target(int dtype, int tdtype) {
-    if (dtype != SG_F32 && dtype != SG_F16) return SG_EDTYPE;
-    if (tdtype != SG_I32 && tdtype != SG_I64 && tdtype != SG_F32 && tdtype != SG_F16) return SG_EDTYPE;
+    if (!sg_is_float(dtype)) return SG_EDTYPE;
+    if (tdtype != SG_I32 && tdtype != SG_I64 && !sg_is_float(tdtype)) return SG_EDTYPE;
     return SG_OK;
 }
 
@@ -189,9 +92,9 @@ int sg_softmax_cross_entropy(int dtype, const char *x, int64_t xo, int tdtype, c
                              char *loss, int64_t lo, int64_t N, int64_t C, int64_t *bad) {
     int err = check_target(dtype, tdtype);
     if (err) return err;
-    const int fs = fsize(dtype), labels = tdtype == SG_I32 || tdtype == SG_I64;
+    const int fs = sg_itemsize(dtype), labels = tdtype == SG_I32 || tdtype == SG_I64;
     x += xo * fs;
-    t += to * (labels ? (tdtype == SG_I32 ? 4 : 8) : fsize(tdtype));
+    t += to * sg_itemsize(tdtype);
     loss += lo * fs;
     if (labels) /* validate first, so that a bad label leaves the output alone */
         for (int64_t n = 0; n < N; n++)
@@ -214,7 +117,7 @@ int sg_softmax_cross_entropy(int dtype, const char *x, int64_t xo, int tdtype, c
             }
             l = C ? st * lse - stx : 0.0;
         }
-        sg_stf(loss, dtype, n, (float)l);
+        sg_stf(loss, dtype, n, l);
     }
     return SG_OK;
 }
@@ -224,10 +127,10 @@ int sg_softmax_cross_entropy_backward(int dtype, const char *dloss, int64_t dlo,
                                       int64_t C, int64_t *bad) {
     int err = check_target(dtype, tdtype);
     if (err) return err;
-    const int fs = fsize(dtype), labels = tdtype == SG_I32 || tdtype == SG_I64;
+    const int fs = sg_itemsize(dtype), labels = tdtype == SG_I32 || tdtype == SG_I64;
     x += xo * fs;
     dloss += dlo * fs;
-    t += to * (labels ? (tdtype == SG_I32 ? 4 : 8) : fsize(tdtype));
+    t += to * sg_itemsize(tdtype);
     dx += dxo * fs;
     if (labels)
         for (int64_t n = 0; n < N; n++)
@@ -250,7 +153,7 @@ int sg_softmax_cross_entropy_backward(int dtype, const char *dloss, int64_t dlo,
         for (int64_t c = 0; c < C; c++) {
             const double p = exp(sg_ldf(row, dtype, c) - lse);
             const double tc = labels ? (c == label ? 1.0 : 0.0) : sg_ldf(t, tdtype, n * C + c);
-            sg_stf(dx, dtype, n * C + c, (float)((p * st - tc) * g));
+            sg_stf(dx, dtype, n * C + c, (p * st - tc) * g);
         }
     }
     return SG_OK;

@@ -1,0 +1,62 @@
+/* Products of sg_real matrices through OpenBLAS, split over the OpenMP threads (instantiated by gemm.c, see real.h). */
+
+static void SG_R(gemm1)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real alpha, const sg_real *a, int64_t lda,
+                        const sg_real *b, int64_t ldb, sg_real beta, sg_real *c, int64_t ldc) {
+    SG_R(blas_gemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
+                    (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+void SG_R(sg_gemm)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real alpha, const sg_real *a, int64_t lda,
+                   const sg_real *b, int64_t ldb, sg_real beta, sg_real *c, int64_t ldc, int may_split) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) { /* BLAS wants k >= 1; the product is empty */
+        for (int64_t i = 0; i < m; i++) {
+            sg_real *row = c + i * ldc;
+            for (int64_t j = 0; j < n; j++) row[j] = beta == 0 ? 0 : beta * row[j];
+        }
+        return;
+    }
+    int T = may_split ? sg_max_threads() : 1;
+    if (2.0 * (double)m * (double)n * (double)k < GEMM_PAR_FLOPS) T = 1;
+    if (T < 2) {
+        SG_R(gemm1)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    /* each thread takes a block of C's columns (or rows, when C is taller than wide) */
+    const int by_cols = n >= m;
+#pragma omp parallel num_threads(T)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t len = by_cols ? n : m, lo = sg_chunk(len, t, nt), hi = sg_chunk(len, t + 1, nt);
+        if (hi > lo) {
+            if (by_cols)
+                SG_R(gemm1)(ta, tb, m, hi - lo, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
+            else
+                SG_R(gemm1)(ta, tb, hi - lo, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta,
+                            c + lo * ldc, ldc);
+        }
+    }
+}
+
+static void SG_R(mm)(const sg_real *a, const sg_real *b, sg_real *c, int64_t batch, int64_t batch_a, int64_t batch_b,
+                     int64_t m, int64_t n, int64_t k, int ta, int tb, sg_real alpha, sg_real beta) {
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    if (batch > 1 && batch_a == batch && batch_b == 1 && !ta) {
+        /* a stack of row-major matrices times one matrix is one taller product */
+        SG_R(sg_gemm)(ta, tb, batch * m, n, k, alpha, a, lda, b, ldb, beta, c, n, 1);
+        return;
+    }
+    const double item_flops = 2.0 * (double)m * (double)n * (double)(k > 0 ? k : 1);
+    const int T = sg_max_threads();
+    if (batch >= 2 * T && T > 1 && (double)batch * item_flops >= GEMM_PAR_FLOPS) {
+        /* many matrices: whole products per thread */
+#pragma omp parallel for schedule(static) num_threads(T)
+        for (int64_t i = 0; i < batch; i++)
+            SG_R(sg_gemm)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
+                          b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 0);
+        return;
+    }
+    for (int64_t i = 0; i < batch; i++)
+        SG_R(sg_gemm)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
+                      b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 1);
+}
