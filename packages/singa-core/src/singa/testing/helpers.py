@@ -11,13 +11,17 @@ import contextlib
 import zlib
 
 import numpy as np
+import pytest
 
 from singa import dtypes
 from singa.backend import View, contiguous_strides, numel
 
 __all__ = [
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
     "FLOAT_TOL",
     "LAYOUTS",
+    "NUMERIC_DTYPES",
     "Checks",
     "OutputView",
     "assert_close",
@@ -25,9 +29,11 @@ __all__ = [
     "download",
     "draw",
     "empty",
+    "kernel_dtypes",
     "layout",
     "np_dtype",
     "read_buffer",
+    "require",
     "rng",
     "stepped",
     "tolerance",
@@ -38,6 +44,26 @@ __all__ = [
 
 # (rtol, atol) per float dtype; ints and bool compare exactly.
 FLOAT_TOL = {dtypes.float32: (1e-5, 1e-6), dtypes.float16: (1e-2, 1e-3), dtypes.float64: (1e-12, 1e-12)}
+
+# The dtypes a test is parametrised over: the required ones and float64, which a device may declare (Device.dtypes).
+# A test taking one of them calls `require(device, dtype)` first, so that a device without it skips the case.
+ALL_DTYPES = dtypes.ALL + (dtypes.float64,)
+NUMERIC_DTYPES = dtypes.NUMERIC + (dtypes.float64,)
+FLOAT_DTYPES = dtypes.FLOATS + (dtypes.float64,)
+
+
+def require(device, *dts: int) -> None:
+    """Skip the calling test unless `device` declares every dtype in `dts`."""
+    missing = [dtypes.name(d) for d in dict.fromkeys(dts) if d not in device.dtypes]
+    if missing:
+        pytest.skip(f"{device.name} does not declare {', '.join(missing)} in Device.dtypes")
+
+
+def kernel_dtypes(entry) -> tuple:
+    """The input dtypes of an element-wise table entry's kernel: those it declares, and float64 where it declares
+    float32 (singa.ops accepts float64 wherever float32 is accepted)."""
+    extra = (dtypes.float64,) if dtypes.float32 in entry.dtypes and dtypes.float64 not in entry.dtypes else ()
+    return tuple(entry.dtypes) + extra
 
 LAYOUTS = ("contiguous", "offset", "transposed", "stepped")
 

@@ -171,6 +171,21 @@ def bn_forward(x, scale, bias, eps):
     return y, mean, var, invstd
 
 
+def bn_backward_ref(dy, x, scale, mean, invstd):
+    """Closed-form training-mode gradients (dx, dscale, dbias) given the saved statistics, each with its magnitude:
+    the same sums over the absolute values of their terms (the gradients cancel to nearly nothing where dy is
+    uncorrelated with x)."""
+    axes = bn_axes(x)
+    m = x.size // x.shape[1]
+    xhat = (x - per_channel(mean, x)) * per_channel(invstd, x)
+    db, db_mag = dy.sum(axis=axes), np.abs(dy).sum(axis=axes)
+    ds, ds_mag = (dy * xhat).sum(axis=axes), np.abs(dy * xhat).sum(axis=axes)
+    k = per_channel(np.asarray(scale, np.float64) * invstd, x) / m
+    dx = k * (m * dy - per_channel(db, x) - xhat * per_channel(ds, x))
+    dx_mag = np.abs(k) * (m * np.abs(dy) + per_channel(db_mag, x) + np.abs(xhat) * per_channel(ds_mag, x))
+    return (dx, dx_mag), (ds, ds_mag), (db, db_mag)
+
+
 def softmax_ref(x, axis):
     z = x - x.max(axis=axis, keepdims=True)
     e = np.exp(z)

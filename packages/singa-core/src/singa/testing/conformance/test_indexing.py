@@ -30,8 +30,9 @@ def gather_ref(x, idx, axis):
 
 
 @pytest.mark.parametrize("idtype", INDEX_DTYPES, ids=dtypes.name)
-@pytest.mark.parametrize("dtype", dtypes.ALL, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.ALL_DTYPES, ids=dtypes.name)
 def test_gather(device, dtype, idtype):
+    H.require(device, dtype)
     gen = H.rng("gather", dtype, idtype)
     x = H.draw(gen, (4, 5, 6), dtype, -50, 50)
     checks = H.Checks()
@@ -74,8 +75,9 @@ def scatter_add_ref(out0, idx, updates, axis):
 
 
 @pytest.mark.parametrize("idtype", INDEX_DTYPES, ids=dtypes.name)
-@pytest.mark.parametrize("dtype", dtypes.NUMERIC, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.NUMERIC_DTYPES, ids=dtypes.name)
 def test_scatter_add(device, dtype, idtype):
+    H.require(device, dtype)
     gen = H.rng("scatter", dtype, idtype)
     checks = H.Checks()
     for shape, axis, ishape in [((5, 4), 0, (6,)), ((5, 4), 1, (7,)), ((3, 4, 3), 2, (2, 4)), ((3, 4), 1, (0,)),
@@ -119,8 +121,9 @@ def _pads(gen, shape, mode):
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
-@pytest.mark.parametrize("dtype", dtypes.ALL, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.ALL_DTYPES, ids=dtypes.name)
 def test_pad(device, dtype, mode):
+    H.require(device, dtype)
     gen = H.rng("pad", dtype, mode)
     value = {dtypes.bool_: True, dtypes.int32: 7, dtypes.int64: -3}.get(dtype, 2.5)
     checks = H.Checks()

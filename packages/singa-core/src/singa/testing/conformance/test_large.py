@@ -27,6 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 COVERS: set = set()  # every kernel here has its semantics tested elsewhere
 
 F32 = dtypes.float32
+F64 = dtypes.float64
 N_LARGE = 300_007  # odd, so no thread's share is a round number
 
 
@@ -36,13 +37,14 @@ def _entry_ref(name, *xs):
         return np.asarray(TABLE[name].ref(*wide))
 
 
-@pytest.mark.parametrize("dtype", dtypes.NUMERIC, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.NUMERIC_DTYPES, ids=dtypes.name)
 def test_large_elementwise(device, dtype):
+    H.require(device, dtype)
     gen = H.rng("large-ew", dtype)
     checks = H.Checks()
     x = H.draw(gen, (N_LARGE,), dtype, -9, 9)
     for name in ("exp", "neg", "tanh", "relu", "abs"):
-        if dtype not in TABLE[name].dtypes:
+        if dtype not in H.kernel_dtypes(TABLE[name]):
             continue
         with checks(name):
             out = H.empty(device, x.shape, dtype)
@@ -95,8 +97,9 @@ def test_large_memory(device):
     checks.done()
 
 
-@pytest.mark.parametrize("dtype", [F32, dtypes.float16, dtypes.int64], ids=dtypes.name)
+@pytest.mark.parametrize("dtype", [F32, dtypes.float16, F64, dtypes.int64], ids=dtypes.name)
 def test_large_reductions(device, dtype):
+    H.require(device, dtype)
     gen = H.rng("large-red", dtype)
     x = H.draw(gen, (1024, 701), dtype, -9, 9)
     w = x.astype(np.float64)
@@ -118,20 +121,22 @@ def test_large_reductions(device, dtype):
     checks.done()
 
 
-def test_large_matmul(device):
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_large_matmul(device, dtype):
+    H.require(device, dtype)
     gen = H.rng("large-mm")
     checks = H.Checks()
     for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
         m, n, k = 129, 97, 203
-        a = H.draw(gen, (2, k, m) if ta else (2, m, k), F32)
-        b = H.draw(gen, (1, n, k) if tb else (1, k, n), F32)
+        a = H.draw(gen, (2, k, m) if ta else (2, m, k), dtype)
+        b = H.draw(gen, (1, n, k) if tb else (1, k, n), dtype)
         A = a.astype(np.float64).transpose(0, 2, 1) if ta else a.astype(np.float64)
         B = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
         with checks(f"trans_a={ta} trans_b={tb}"):
-            out = H.empty(device, (2, m, n), F32)
+            out = H.empty(device, (2, m, n), dtype)
             device.table["matmul"](out, H.upload(device, a), H.upload(device, b), trans_a=ta, trans_b=tb,
                                    alpha=1.0, beta=0.0)
-            H.assert_close(H.download(device, out), A @ B, F32, scale=np.abs(A) @ np.abs(B),
+            H.assert_close(H.download(device, out), A @ B, dtype, scale=np.abs(A) @ np.abs(B),
                            what=f"matmul 2x{m}x{n}x{k} trans_a={ta} trans_b={tb}")
     checks.done()
 
@@ -163,120 +168,133 @@ def _conv_pool_data():
     return x, w, b, dy, p, refs, xp, pp, g, pools
 
 
-def test_large_conv_pool(device):
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_large_conv_pool(device, dtype):
+    H.require(device, dtype)
     x, w, b, dy, p, refs, xp, pp, g, pools = _conv_pool_data()
     checks = H.Checks()
     with checks("conv2d"):
-        out = H.empty(device, (8, 16, 32, 32), F32)
-        device.table["conv2d"](out, H.upload(device, x), H.upload(device, w), H.upload(device, b), **p)
-        H.assert_close(H.download(device, out), refs["conv2d"][0], F32, scale=refs["conv2d"][1],
+        out = H.empty(device, (8, 16, 32, 32), dtype)
+        device.table["conv2d"](out, H.upload(device, x, dtype), H.upload(device, w, dtype), H.upload(device, b, dtype),
+                               **p)
+        H.assert_close(H.download(device, out), refs["conv2d"][0], dtype, scale=refs["conv2d"][1],
                        what="conv2d (8, 8, 32, 32)")
     with checks("conv2d_backward_data"):
-        dx = H.empty(device, x.shape, F32)
-        device.table["conv2d_backward_data"](dx, H.upload(device, dy), H.upload(device, w), **p)
+        dx = H.empty(device, x.shape, dtype)
+        device.table["conv2d_backward_data"](dx, H.upload(device, dy, dtype), H.upload(device, w, dtype), **p)
         want, scale = refs["conv2d_backward_data"]
-        H.assert_close(H.download(device, dx), want, F32, scale=scale, what="conv2d_backward_data")
+        H.assert_close(H.download(device, dx), want, dtype, scale=scale, what="conv2d_backward_data")
     with checks("conv2d_backward_weight"):
-        dw = H.empty(device, w.shape, F32)
-        device.table["conv2d_backward_weight"](dw, H.upload(device, dy), H.upload(device, x), **p)
+        dw = H.empty(device, w.shape, dtype)
+        device.table["conv2d_backward_weight"](dw, H.upload(device, dy, dtype), H.upload(device, x, dtype), **p)
         want, scale = refs["conv2d_backward_weight"]
-        H.assert_close(H.download(device, dw), want, F32, scale=scale, what="conv2d_backward_weight")
+        H.assert_close(H.download(device, dw), want, dtype, scale=scale, what="conv2d_backward_weight")
     for mode, (want, idx, want_dx) in pools.items():
         with checks(f"pool2d {mode}"):
-            out = H.empty(device, want.shape, F32)
+            out = H.empty(device, want.shape, dtype)
             ind = H.empty(device, want.shape, dtypes.int64) if mode == "max" else None
-            device.table["pool2d"](out, ind, H.upload(device, xp), mode=mode, count_include_pad=False, **pp)
-            H.assert_close(H.download(device, out), want, F32, what=f"pool2d {mode} (8, 16, 32, 32)")
+            device.table["pool2d"](out, ind, H.upload(device, xp, dtype), mode=mode, count_include_pad=False, **pp)
+            H.assert_close(H.download(device, out), want, dtype, what=f"pool2d {mode} (8, 16, 32, 32)")
             if ind is not None:
                 H.assert_close(H.download(device, ind), idx, dtypes.int64, what="pool2d max indices")
         with checks(f"pool2d_backward {mode}"):
-            dx = H.empty(device, xp.shape, F32)
-            device.table["pool2d_backward"](dx, H.upload(device, g), H.upload(device, xp),
+            dx = H.empty(device, xp.shape, dtype)
+            device.table["pool2d_backward"](dx, H.upload(device, g, dtype), H.upload(device, xp, dtype),
                                             H.upload(device, idx) if mode == "max" else None, mode=mode,
                                             count_include_pad=False, **pp)
-            H.assert_close(H.download(device, dx), want_dx, F32, scale=9, what=f"pool2d_backward {mode}")
+            H.assert_close(H.download(device, dx), want_dx, dtype, scale=9, what=f"pool2d_backward {mode}")
     checks.done()
 
 
-def test_large_nn(device):
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_large_nn(device, dtype):
+    H.require(device, dtype)
+    f32 = dtype == F32  # float32 results get the bounds written here; float64 ones the suite's own
     gen = H.rng("large-nn")
     checks = H.Checks()
-    x = H.draw(gen, (96, 1031), F32, -5, 5)
+    x = H.draw(gen, (96, 1031), F32, -5, 5).astype(H.np_dtype(dtype))
     for axis in (0, 1):
         for name, ref in (("softmax", softmax_ref), ("log_softmax", log_softmax_ref)):
             with checks(f"{name} axis {axis}"):
-                out = H.empty(device, x.shape, F32)
+                out = H.empty(device, x.shape, dtype)
                 device.table[name](out, H.upload(device, x), axis=axis)
-                H.assert_close(H.download(device, out), ref(x.astype(np.float64), axis), F32,
+                H.assert_close(H.download(device, out), ref(x.astype(np.float64), axis), dtype,
                                scale=5 if name == "log_softmax" else None, what=f"{name} (96, 1031) axis {axis}")
     labels = gen.integers(0, 1031, 96)
     with checks("softmax_cross_entropy"):
-        loss = H.empty(device, (96,), F32)
+        loss = H.empty(device, (96,), dtype)
         device.table["softmax_cross_entropy"](loss, H.upload(device, x), H.upload(device, labels.astype(np.int64)))
         want = -log_softmax_ref(x.astype(np.float64), 1)[np.arange(96), labels]
-        H.assert_close(H.download(device, loss), want, F32, scale=10, what="softmax_cross_entropy (96, 1031)")
-    xb = gen.normal(0.3, 2.0, (32, 16, 16, 16)).astype(np.float32)
-    scale, bias = np.ones(16, np.float32), np.zeros(16, np.float32)
+        H.assert_close(H.download(device, loss), want, dtype, scale=10, what="softmax_cross_entropy (96, 1031)")
+    xb = gen.normal(0.3, 2.0, (32, 16, 16, 16)).astype(H.np_dtype(dtype))
+    scale, bias = np.ones(16, H.np_dtype(dtype)), np.zeros(16, H.np_dtype(dtype))
     with checks("batchnorm_train"):
-        y, rm, rv, sm, si = (H.empty(device, s, F32) for s in (xb.shape, (16,), (16,), (16,), (16,)))
-        device.write(rm, np.zeros(16, np.float32))
-        device.write(rv, np.ones(16, np.float32))
+        y, rm, rv, sm, si = (H.empty(device, s, dtype) for s in (xb.shape, (16,), (16,), (16,), (16,)))
+        device.write(rm, np.zeros(16, H.np_dtype(dtype)))
+        device.write(rv, np.ones(16, H.np_dtype(dtype)))
         device.table["batchnorm_train"](y, rm, rv, sm, si, H.upload(device, xb), H.upload(device, scale),
                                         H.upload(device, bias), momentum=0.9, eps=1e-5)
         w = xb.astype(np.float64)
         mean, var = w.mean(axis=(0, 2, 3)), w.var(axis=(0, 2, 3))
-        H.assert_close(H.download(device, sm), mean, F32, scale=2, what="batchnorm_train saved_mean (32, 16, 16, 16)")
-        H.assert_close(H.download(device, si), 1 / np.sqrt(var + 1e-5), F32, rtol=1e-4, what="saved_invstd")
-        H.assert_close(H.download(device, y), (w - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5), F32,
-                       rtol=1e-4, atol=1e-4, what="batchnorm_train y")
+        H.assert_close(H.download(device, sm), mean, dtype, scale=2,
+                       what="batchnorm_train saved_mean (32, 16, 16, 16)")
+        H.assert_close(H.download(device, si), 1 / np.sqrt(var + 1e-5), dtype, rtol=1e-4 if f32 else None,
+                       what="saved_invstd")
+        H.assert_close(H.download(device, y), (w - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5), dtype,
+                       rtol=1e-4 if f32 else None, atol=1e-4 if f32 else None, what="batchnorm_train y")
     checks.done()
 
 
-def test_large_indexing(device):
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_large_indexing(device, dtype):
+    H.require(device, dtype)
     gen = H.rng("large-idx")
     checks = H.Checks()
-    x = H.draw(gen, (2000, 301), F32)
+    x = H.draw(gen, (2000, 301), dtype)
     idx = gen.integers(-2000, 2000, 777)
     with checks("gather"):
-        out = H.empty(device, (777, 301), F32)
+        out = H.empty(device, (777, 301), dtype)
         device.table["gather"](out, H.upload(device, x), H.upload(device, idx.astype(np.int64)), axis=0)
-        H.assert_close(H.download(device, out), x[np.where(idx < 0, idx + 2000, idx)], F32, rtol=0, atol=0,
+        H.assert_close(H.download(device, out), x[np.where(idx < 0, idx + 2000, idx)], dtype, rtol=0, atol=0,
                        what="gather 777 rows of (2000, 301)")
     with checks("scatter_add, heavy collisions"):
         # 20000 rows of updates into 7 rows: threads that split the updates collide on every output element
         idx = gen.integers(0, 7, 20_000)
-        upd = gen.integers(-4, 5, (20_000, 64)).astype(np.float32)  # small integers: every order sums exactly
-        out = H.empty(device, (7, 64), F32)
-        device.write(out, np.zeros((7, 64), np.float32))
+        upd = gen.integers(-4, 5, (20_000, 64)).astype(H.np_dtype(dtype))  # small integers: every order sums exactly
+        out = H.empty(device, (7, 64), dtype)
+        device.write(out, np.zeros((7, 64), H.np_dtype(dtype)))
         device.table["scatter_add"](out, H.upload(device, idx.astype(np.int64)), H.upload(device, upd), axis=0)
         want = np.zeros((7, 64))
         for r in range(7):
             want[r] = upd[idx == r].sum(axis=0)
-        H.assert_close(H.download(device, out), want, F32, rtol=0, atol=0, what="scatter_add lost updates")
+        H.assert_close(H.download(device, out), want, dtype, rtol=0, atol=0, what="scatter_add lost updates")
     with checks("pad reflect"):
-        m = H.draw(gen, (500, 600), F32)
-        out = H.empty(device, (507, 611), F32)
+        m = H.draw(gen, (500, 600), dtype)
+        out = H.empty(device, (507, 611), dtype)
         device.table["pad"](out, H.upload(device, m), pads=(3, 5, 4, 6), mode="reflect", value=0.0)
-        H.assert_close(H.download(device, out), np.pad(m, ((3, 4), (5, 6)), mode="reflect"), F32, rtol=0, atol=0,
+        H.assert_close(H.download(device, out), np.pad(m, ((3, 4), (5, 6)), mode="reflect"), dtype, rtol=0, atol=0,
                        what="pad reflect (500, 600)")
     checks.done()
 
 
-def test_large_random(device):
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtypes.name)
+def test_large_random(device, dtype):
+    H.require(device, dtype)
     n = 1_000_003
     seed, offset = 0xDEADBEEF12345, 10
     checks = H.Checks()
     with checks("random_uniform"):
-        out = H.empty(device, (n,), F32)
+        out = H.empty(device, (n,), dtype)
         device.table["random_uniform"](out, low=0.0, high=1.0, seed=seed, offset=offset)
-        H.assert_close(H.download(device, out), draws_uniform_fast(seed, offset, n), F32, rtol=0, atol=0,
+        H.assert_close(H.download(device, out), draws_uniform_fast(seed, offset, n), dtype, rtol=0, atol=0,
                        what="random_uniform, 1M draws")
     with checks("random_normal"):
-        out = H.empty(device, (n // 2,), F32)
+        out = H.empty(device, (n // 2,), dtype)
         device.table["random_normal"](out, mean=0.0, std=1.0, seed=seed, offset=offset)
         u = draws_uniform_fast(seed, offset, 2 * (n // 2))
         want = np.sqrt(-2 * np.log1p(-u[0::2])) * np.cos(2 * np.pi * u[1::2])
-        H.assert_close(H.download(device, out), want, F32, rtol=1e-5, atol=3e-5, what="random_normal, 500k")
+        tol = {"rtol": 1e-5, "atol": 3e-5} if dtype == F32 else {}
+        H.assert_close(H.download(device, out), want, dtype, **tol, what="random_normal, 500k")
     with checks("random_bernoulli"):
         out = H.empty(device, (n,), dtypes.bool_)
         device.table["random_bernoulli"](out, p=0.25, seed=seed, offset=offset)

@@ -1,4 +1,5 @@
-"""matmul: transposes, batch broadcasting, alpha/beta accumulation, integer and float16 dtypes, empty dimensions."""
+"""matmul: transposes, batch broadcasting, alpha/beta accumulation, integer, float16 and float64 dtypes, empty
+dimensions."""
 
 from __future__ import annotations
 
@@ -35,12 +36,13 @@ def _matmul_case(device, dtype, gen, B, Ba, Bb, m, n, k, trans_a, trans_b, alpha
                         f"trans_a={trans_a} trans_b={trans_b} alpha={alpha} beta={beta}")
 
 
-@pytest.mark.parametrize("dtype", dtypes.NUMERIC, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.NUMERIC_DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize(("trans_a", "trans_b"), list(itertools.product([False, True], repeat=2)),
                          ids=lambda t: "T" if t else "N")
 def test_matmul(device, dtype, trans_a, trans_b):
+    H.require(device, dtype)
     gen = H.rng("matmul", dtype, trans_a, trans_b)
-    floats = dtype in dtypes.FLOATS
+    floats = dtypes.is_float(dtype)
     scalars = [(1.0, 0.0), (0.5, 2.0) if floats else (2.0, 1.0), (1.0, 1.0)]
     checks = H.Checks()
     for i, ((Ba, Bb), (alpha, beta)) in enumerate(itertools.product([(3, 3), (1, 3), (3, 1), (1, 1)], scalars)):
@@ -55,8 +57,9 @@ def test_matmul(device, dtype, trans_a, trans_b):
     checks.done()
 
 
-@pytest.mark.parametrize("dtype", dtypes.NUMERIC, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.NUMERIC_DTYPES, ids=dtypes.name)
 def test_matmul_empty(device, dtype):
+    H.require(device, dtype)
     gen = H.rng("matmul-empty", dtype)
     checks = H.Checks()
     for tb in (False, True):

@@ -2,6 +2,8 @@
 
 Gradients are checked twice: against the closed forms in float64, and against central finite differences of a
 float64 reference forward written here, so a wrong closed form in both the kernel and this file cannot agree.
+float32 results are held to the bounds written below for each check; float64 results to the suite's own bounds
+(helpers.FLOAT_TOL) against the closed forms, and to what central differences can resolve (FD_TOL_F64) against them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from singa import dtypes
 from singa.testing import helpers as H
 from singa.testing.conformance.references import (
     bn_axes,
+    bn_backward_ref,
     bn_forward,
     log_softmax_ref,
     numeric_grad,
@@ -28,6 +31,20 @@ COVERS = {"batchnorm_train", "batchnorm_infer", "batchnorm_backward", "softmax",
           "log_softmax_backward", "softmax_cross_entropy", "softmax_cross_entropy_backward"}
 
 F32 = dtypes.float32
+DTYPES = (F32, dtypes.float64)  # batch norm, softmax gradients and the loss (softmax itself: every float dtype)
+FD_TOL_F64 = {"rtol": 1e-6, "atol": 1e-7}  # central differences with eps 1e-6: about 1e-9 of rounding
+
+
+def _tol(dtype, rtol, atol=None) -> dict:
+    """A bound written for float32 results; float64 results keep the suite's (helpers.FLOAT_TOL)."""
+    if dtype != F32:
+        return {}
+    return {"rtol": rtol} if atol is None else {"rtol": rtol, "atol": atol}
+
+
+def _fd_tol(dtype, rtol, atol) -> dict:
+    """The bound of a comparison with central differences: float32's as written, float64's FD_TOL_F64."""
+    return {"rtol": rtol, "atol": atol} if dtype == F32 else FD_TOL_F64
 
 
 # -- batch normalisation ----------------------------------------------------------------------------------------------
@@ -36,61 +53,72 @@ F32 = dtypes.float32
 BN_SHAPES = [(4, 3, 5, 6), (8, 5), (2, 3, 1, 1)]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_batchnorm_train(device, shape):
+def test_batchnorm_train(device, shape, dtype):
+    H.require(device, dtype)
     gen = H.rng("bn-train", shape)
     C = shape[1]
-    x = (gen.normal(1.5, 2.0, shape)).astype(np.float32)
-    scale, bias = H.draw(gen, (C,), F32, 0.5, 2), H.draw(gen, (C,), F32, -1, 1)
-    rm0, rv0 = H.draw(gen, (C,), F32, -1, 1), H.draw(gen, (C,), F32, 0.5, 2)
+    x = (gen.normal(1.5, 2.0, shape)).astype(H.np_dtype(dtype))
+    scale, bias = H.draw(gen, (C,), dtype, 0.5, 2), H.draw(gen, (C,), dtype, -1, 1)
+    rm0, rv0 = H.draw(gen, (C,), dtype, -1, 1), H.draw(gen, (C,), dtype, 0.5, 2)
     momentum, eps = 0.9, 1e-5
-    y, rm, rv, sm, si = (H.empty(device, s, F32) for s in (shape, (C,), (C,), (C,), (C,)))
+    y, rm, rv, sm, si = (H.empty(device, s, dtype) for s in (shape, (C,), (C,), (C,), (C,)))
     device.write(rm, rm0)
     device.write(rv, rv0)
     device.table["batchnorm_train"](y, rm, rv, sm, si, H.upload(device, x, offset=2), H.upload(device, scale),
                                     H.upload(device, bias), momentum=momentum, eps=eps)
     want_y, mean, var, invstd = bn_forward(x.astype(np.float64), scale, bias, eps)
     m = x.size // C
-    H.assert_close(H.download(device, y), want_y, F32, rtol=1e-4, atol=1e-5, what="batchnorm_train y")
-    H.assert_close(H.download(device, sm), mean, F32, scale=np.abs(x).mean(axis=bn_axes(x)), what="saved_mean")
-    H.assert_close(H.download(device, si), invstd, F32, rtol=1e-4, what="saved_invstd = 1/sqrt(biased var + eps)")
-    H.assert_close(H.download(device, rm), momentum * rm0 + (1 - momentum) * mean, F32, rtol=1e-4, atol=1e-5,
+    H.assert_close(H.download(device, y), want_y, dtype, **_tol(dtype, 1e-4, 1e-5), what="batchnorm_train y")
+    H.assert_close(H.download(device, sm), mean, dtype, scale=np.abs(x).mean(axis=bn_axes(x)), what="saved_mean")
+    H.assert_close(H.download(device, si), invstd, dtype, **_tol(dtype, 1e-4),
+                   what="saved_invstd = 1/sqrt(biased var + eps)")
+    H.assert_close(H.download(device, rm), momentum * rm0 + (1 - momentum) * mean, dtype, **_tol(dtype, 1e-4, 1e-5),
                    what="running_mean = momentum * running_mean + (1 - momentum) * mean")
-    H.assert_close(H.download(device, rv), momentum * rv0 + (1 - momentum) * var * m / max(m - 1, 1), F32,
-                   rtol=1e-4, atol=1e-5, what="running_var (unbiased batch variance)")
+    H.assert_close(H.download(device, rv), momentum * rv0 + (1 - momentum) * var * m / max(m - 1, 1), dtype,
+                   **_tol(dtype, 1e-4, 1e-5), what="running_var (unbiased batch variance)")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_batchnorm_infer(device, shape):
+def test_batchnorm_infer(device, shape, dtype):
+    H.require(device, dtype)
     gen = H.rng("bn-infer", shape)
     C = shape[1]
-    x = H.draw(gen, shape, F32)
-    scale, bias, mean = H.draw(gen, (C,), F32, 0.5, 2), H.draw(gen, (C,), F32, -1, 1), H.draw(gen, (C,), F32, -1, 1)
-    var = H.draw(gen, (C,), F32, 0.1, 3)
+    x = H.draw(gen, shape, dtype)
+    scale, bias = H.draw(gen, (C,), dtype, 0.5, 2), H.draw(gen, (C,), dtype, -1, 1)
+    mean, var = H.draw(gen, (C,), dtype, -1, 1), H.draw(gen, (C,), dtype, 0.1, 3)
     eps = 1e-3
-    y = H.empty(device, shape, F32)
+    y = H.empty(device, shape, dtype)
     device.table["batchnorm_infer"](y, H.upload(device, x, offset=1), H.upload(device, scale), H.upload(device, bias),
                                     H.upload(device, mean), H.upload(device, var), eps=eps)
     mean_, var_, scale_, bias_ = (per_channel(v, x) for v in (mean, var, scale, bias))
     want = (x.astype(np.float64) - mean_) / np.sqrt(var_ + eps) * scale_ + bias_
-    H.assert_close(H.download(device, y), want, F32, rtol=1e-5, atol=1e-5, what="batchnorm_infer")
+    H.assert_close(H.download(device, y), want, dtype, **_tol(dtype, 1e-5, 1e-5), what="batchnorm_infer")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("shape", [(3, 2, 2, 3), (6, 3)], ids=lambda s: "x".join(map(str, s)))
-def test_batchnorm_backward(device, shape):
+def test_batchnorm_backward(device, shape, dtype):
+    H.require(device, dtype)
     gen = H.rng("bn-bwd", shape)
     C = shape[1]
     eps = 1e-3
-    x = gen.normal(0.5, 1.5, shape).astype(np.float32)
-    scale, bias = H.draw(gen, (C,), F32, 0.5, 2), H.draw(gen, (C,), F32, -1, 1)
-    dy = H.draw(gen, shape, F32, -1, 1)
+    x = gen.normal(0.5, 1.5, shape).astype(H.np_dtype(dtype))
+    scale, bias = H.draw(gen, (C,), dtype, 0.5, 2), H.draw(gen, (C,), dtype, -1, 1)
+    dy = H.draw(gen, shape, dtype, -1, 1)
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
     _, mean, _, invstd = bn_forward(x64, scale, bias, eps)
+    mean, invstd = mean.astype(H.np_dtype(dtype)), invstd.astype(H.np_dtype(dtype))  # as the forward saved them
 
-    dx, dscale, dbias = H.empty(device, shape, F32), H.empty(device, (C,), F32), H.empty(device, (C,), F32)
+    dx, dscale, dbias = H.empty(device, shape, dtype), H.empty(device, (C,), dtype), H.empty(device, (C,), dtype)
     device.table["batchnorm_backward"](dx, dscale, dbias, H.upload(device, dy), H.upload(device, x, offset=3),
-                                       H.upload(device, scale), H.upload(device, mean.astype(np.float32)),
-                                       H.upload(device, invstd.astype(np.float32)))
+                                       H.upload(device, scale), H.upload(device, mean), H.upload(device, invstd))
+    got_dx, got_ds, got_db = (H.download(device, v) for v in (dx, dscale, dbias))
+    closed = bn_backward_ref(dy64, x64, scale, mean.astype(np.float64), invstd.astype(np.float64))
+    for got, (want, mag), what in zip((got_dx, got_ds, got_db), closed, ("dx", "dscale", "dbias")):
+        H.assert_close(got, want, dtype, scale=mag, what=f"batchnorm_backward {what} (closed form)")
 
     def loss_x(xx):
         return np.sum(bn_forward(xx, scale, bias, eps)[0] * dy64)
@@ -98,9 +126,10 @@ def test_batchnorm_backward(device, shape):
     num_dx = numeric_grad(loss_x, x64)
     num_ds = numeric_grad(lambda s: np.sum(bn_forward(x64, s, bias, eps)[0] * dy64), scale.astype(np.float64))
     num_db = numeric_grad(lambda b: np.sum(bn_forward(x64, scale, b, eps)[0] * dy64), bias.astype(np.float64))
-    H.assert_close(H.download(device, dx), num_dx, F32, rtol=1e-3, atol=1e-4, what="batchnorm_backward dx")
-    H.assert_close(H.download(device, dscale), num_ds, F32, rtol=1e-3, atol=1e-4, what="batchnorm_backward dscale")
-    H.assert_close(H.download(device, dbias), num_db, F32, rtol=1e-3, atol=1e-4, what="batchnorm_backward dbias")
+    tol = _fd_tol(dtype, 1e-3, 1e-4)
+    H.assert_close(got_dx, num_dx, dtype, **tol, what="batchnorm_backward dx vs finite differences")
+    H.assert_close(got_ds, num_ds, dtype, **tol, what="batchnorm_backward dscale vs finite differences")
+    H.assert_close(got_db, num_db, dtype, **tol, what="batchnorm_backward dbias vs finite differences")
 
 
 # -- softmax ----------------------------------------------------------------------------------------------------------
@@ -113,10 +142,11 @@ def _sm_id(case):
     return f"{'x'.join(map(str, case[0]))}-axis{case[1]}"
 
 
-@pytest.mark.parametrize("dtype", dtypes.FLOATS, ids=dtypes.name)
+@pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("case", SOFTMAX_CASES, ids=_sm_id)
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_softmax_forward(device, name, case, dtype):
+    H.require(device, dtype)
     shape, axis = case
     gen = H.rng(name, case, dtype)
     ref = softmax_ref if name == "softmax" else log_softmax_ref
@@ -126,22 +156,25 @@ def test_softmax_forward(device, name, case, dtype):
         xv = H.unit_axis_strides(device, x) if 1 in shape else H.upload(device, x, offset=1)
         device.table[name](out, xv, axis=axis)
         want = ref(x.astype(np.float64), axis)
-        # float32 log_softmax may round x - (max + log(sum)) at the magnitude of x, not of the result
-        scale = np.abs(x.astype(np.float64)).max(initial=0) if name == "log_softmax" and dtype == F32 else None
+        # log_softmax may round x - (max + log(sum)) at the magnitude of x, not of the result
+        scale = np.abs(x.astype(np.float64)).max(initial=0) if name == "log_softmax" and dtype != dtypes.float16 \
+            else None
         H.assert_close(H.download(device, out), want, dtype, scale=scale, what=f"{name} {_sm_id(case)}{what}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("case", SOFTMAX_CASES, ids=_sm_id)
 @pytest.mark.parametrize("name", ["softmax_backward", "log_softmax_backward"])
-def test_softmax_backward(device, name, case):
+def test_softmax_backward(device, name, case, dtype):
+    H.require(device, dtype)
     shape, axis = case
     gen = H.rng(name, case)
-    x = H.draw(gen, shape, F32, -3, 3).astype(np.float64)
-    dy = H.draw(gen, shape, F32, -1, 1).astype(np.float64)
+    x = H.draw(gen, shape, dtype, -3, 3).astype(np.float64)
+    dy = H.draw(gen, shape, dtype, -1, 1).astype(np.float64)
     fwd = softmax_ref if name == "softmax_backward" else log_softmax_ref
-    y = fwd(x, axis).astype(np.float32)
-    dx = H.empty(device, shape, F32)
-    device.table[name](dx, H.upload(device, dy.astype(np.float32)), H.upload(device, y, offset=2), axis=axis)
+    y = fwd(x, axis).astype(H.np_dtype(dtype))
+    dx = H.empty(device, shape, dtype)
+    device.table[name](dx, H.upload(device, dy, dtype), H.upload(device, y, offset=2), axis=axis)
     got = H.download(device, dx)
     y64 = y.astype(np.float64)
     if name == "softmax_backward":
@@ -149,47 +182,51 @@ def test_softmax_backward(device, name, case):
     else:
         want = dy - np.exp(y64) * dy.sum(axis=axis, keepdims=True)
     scale = np.abs(dy).sum(axis=axis, keepdims=True) + np.abs(dy)
-    H.assert_close(got, want, F32, scale=scale, what=f"{name} {_sm_id(case)} (closed form)")
+    H.assert_close(got, want, dtype, scale=scale, what=f"{name} {_sm_id(case)} (closed form)")
     if x.size and x.size <= 60:
         num = numeric_grad(lambda xx: np.sum(fwd(xx, axis) * dy), x)
-        H.assert_close(got, num, F32, rtol=1e-4, atol=1e-5, what=f"{name} {_sm_id(case)} vs finite differences")
+        H.assert_close(got, num, dtype, **_fd_tol(dtype, 1e-4, 1e-5),
+                       what=f"{name} {_sm_id(case)} vs finite differences")
 
 
 # -- softmax cross-entropy --------------------------------------------------------------------------------------------
 
 
-def _sce_targets(kind, gen, N, C):
+def _sce_targets(kind, gen, N, C, dtype):
     if kind == "probabilities":
         t = gen.random((N, C)) ** 2
-        return (t / t.sum(axis=1, keepdims=True)).astype(np.float32)
+        return (t / t.sum(axis=1, keepdims=True)).astype(H.np_dtype(dtype))
     labels = gen.integers(0, C, N)
     labels[:2] = [0, C - 1]
     return labels.astype(np.int32 if kind == "int32" else np.int64)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
 @pytest.mark.parametrize("kind", ["int32", "int64", "probabilities"])
-def test_softmax_cross_entropy(device, kind):
+def test_softmax_cross_entropy(device, kind, dtype):
+    H.require(device, dtype)
     gen = H.rng("sce", kind)
     N, C = 6, 7
-    t = _sce_targets(kind, gen, N, C)
+    t = _sce_targets(kind, gen, N, C, dtype)
     tdt = dtypes.from_numpy_dtype(t.dtype)
     for what, offset, spread in (("", 0.0, 3.0), (" large logits (stability)", 100.0, 40.0)):
-        x = (gen.uniform(-spread, spread, (N, C)) + offset).astype(np.float32)
-        loss = H.empty(device, (N,), F32)
+        x = (gen.uniform(-spread, spread, (N, C)) + offset).astype(H.np_dtype(dtype))
+        loss = H.empty(device, (N,), dtype)
         device.table["softmax_cross_entropy"](loss, H.upload(device, x, offset=1), H.upload(device, t, tdt))
         want = sce_ref(x.astype(np.float64), t)
-        H.assert_close(H.download(device, loss), want, F32, scale=np.abs(x).max(), atol=1e-5,
+        H.assert_close(H.download(device, loss), want, dtype, scale=np.abs(x).max(), **_tol(dtype, 1e-5, 1e-5),
                        what=f"softmax_cross_entropy {kind}{what}")
 
-        dloss = H.draw(gen, (N,), F32, 0.5, 2)
-        dx = H.empty(device, (N, C), F32)
+        dloss = H.draw(gen, (N,), dtype, 0.5, 2)
+        dx = H.empty(device, (N, C), dtype)
         device.table["softmax_cross_entropy_backward"](dx, H.upload(device, dloss), H.upload(device, x),
                                                        H.upload(device, t, tdt))
         x64 = x.astype(np.float64)
         want_dx = (softmax_ref(x64, 1) - onehot(t, C)) * dloss.astype(np.float64)[:, None]
         got = H.download(device, dx)
-        H.assert_close(got, want_dx, F32, atol=1e-6, what=f"softmax_cross_entropy_backward {kind}{what}")
+        H.assert_close(got, want_dx, dtype, **_tol(dtype, 1e-5, 1e-6),
+                       what=f"softmax_cross_entropy_backward {kind}{what}")
         if not offset:
             num = numeric_grad(lambda xx, d=dloss: np.sum(sce_ref(xx, t) * d), x64)
-            H.assert_close(got, num, F32, rtol=1e-4, atol=1e-5,
+            H.assert_close(got, num, dtype, **_fd_tol(dtype, 1e-4, 1e-5),
                            what=f"softmax_cross_entropy_backward {kind} vs finite differences")

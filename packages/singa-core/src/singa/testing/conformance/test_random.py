@@ -46,20 +46,30 @@ def test_reference_fast_matches_scalar(seed, offset, n):
 STREAMS = [(0, 0), (42, 6), (0x1234_5678_9ABC_DEF0, 4 * (1 << 32) + 1)]
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=dtypes.name)
 @pytest.mark.parametrize(("seed", "offset"), STREAMS)
-def test_random_uniform(device, seed, offset):
+def test_random_uniform(device, seed, offset, dtype):
+    H.require(device, dtype)
     n = 1003
     u = draws_uniform(seed, offset, n)
-    out = H.empty(device, (n,), dtypes.float32)
+    out = H.empty(device, (n,), dtype)
     device.table["random_uniform"](out, low=0.0, high=1.0, seed=seed, offset=offset)
-    # (r >> 8) * 2**-24 is exact in float32: the stream must match bit for bit
-    H.assert_close(H.download(device, out), u, dtypes.float32, rtol=0, atol=0, what="random_uniform [0, 1)")
-    for dtype, shape in ((dtypes.float32, (17, 59)), (dtypes.float16, (n,))):
-        out = H.empty(device, shape, dtype)
-        device.table["random_uniform"](out, low=-2.0, high=3.0, seed=seed, offset=offset)
-        want = (-2.0 + 5.0 * draws_uniform(seed, offset, int(np.prod(shape)))).reshape(shape)
-        H.assert_close(H.download(device, out), want, dtype, atol=2e-6 if dtype == dtypes.float32 else 5e-3,
-                       what=f"random_uniform [-2, 3) {dtypes.name(dtype)} {shape}")
+    # (r >> 8) * 2**-24 is exact in float32 (and float64): the stream must match bit for bit
+    H.assert_close(H.download(device, out), u, dtype, rtol=0, atol=0, what="random_uniform [0, 1)")
+
+
+@pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
+@pytest.mark.parametrize(("seed", "offset"), STREAMS)
+def test_random_uniform_range(device, seed, offset, dtype):
+    # float64 output keeps the 24-bit draws: low + (high - low) * u, in double, with nothing rounded away
+    H.require(device, dtype)
+    shape = (17, 59) if dtype == dtypes.float32 else (1003,)
+    out = H.empty(device, shape, dtype)
+    device.table["random_uniform"](out, low=-2.0, high=3.0, seed=seed, offset=offset)
+    want = (-2.0 + 5.0 * draws_uniform(seed, offset, int(np.prod(shape)))).reshape(shape)
+    atol = {dtypes.float32: 2e-6, dtypes.float16: 5e-3}.get(dtype)
+    H.assert_close(H.download(device, out), want, dtype, atol=atol,
+                   what=f"random_uniform [-2, 3) {dtypes.name(dtype)} {shape}")
 
 
 def test_random_uniform_empty_and_scalar(device):
@@ -71,14 +81,17 @@ def test_random_uniform_empty_and_scalar(device):
     assert float(H.download(device, out)) == draws_uniform(1, 9, 1)[0]
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=dtypes.name)
 @pytest.mark.parametrize(("seed", "offset"), STREAMS)
-def test_random_normal_stream(device, seed, offset):
+def test_random_normal_stream(device, seed, offset, dtype):
+    H.require(device, dtype)
     n = 501
-    out = H.empty(device, (3, 167), dtypes.float32)
+    out = H.empty(device, (3, 167), dtype)
     device.table["random_normal"](out, mean=0.5, std=2.0, seed=seed, offset=offset)
     # float32 log and cos of 2*pi*u: absolute error grows with sqrt(-2 ln(1-u)) <= 5.8
+    tol = {"rtol": 1e-5, "atol": 5e-5} if dtype == dtypes.float32 else {}
     H.assert_close(H.download(device, out).reshape(-1), normal_reference(seed, offset, n, 0.5, 2.0),
-                   dtypes.float32, rtol=1e-5, atol=5e-5, what="random_normal vs Box-Muller on the Philox stream")
+                   dtype, **tol, what="random_normal vs Box-Muller on the Philox stream")
 
 
 def test_random_normal_moments_and_determinism(device):
@@ -101,9 +114,11 @@ def test_random_normal_moments_and_determinism(device):
     assert np.mean(H.download(device, other) == x.astype(np.float32)) < 1e-3, "a later offset repeats the stream"
 
 
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.bool_], ids=dtypes.name)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.float64, dtypes.int32, dtypes.bool_],
+                         ids=dtypes.name)
 @pytest.mark.parametrize("p", [0.375, 0.8125])  # exact in binary: u < p cannot depend on p's precision
 def test_random_bernoulli(device, dtype, p):
+    H.require(device, dtype)
     n = 4099
     seed, offset = 77, 13
     out = H.empty(device, (n,), dtype)
