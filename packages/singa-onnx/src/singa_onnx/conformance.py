@@ -42,7 +42,7 @@ _NO_PILLOW = [
 
 
 def excluded(device=None) -> list[tuple[str, str]]:
-    """The exclusions for a singa device (None: the CPU backend's defaults, no float64) in this environment."""
+    """The exclusions for a singa device (None: one without float64 kernels) in this environment."""
     extra = []
     if device is None or sdt.float64 not in device.dtypes:
         extra += _FLOAT64_ONLY
