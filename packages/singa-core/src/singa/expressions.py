@@ -93,8 +93,8 @@ E = Elementwise
 UNARY = [
     E("abs", 1, "fabs(x)", lambda x: np.abs(x), NUMERIC, int_expr="(x < 0 ? -x : x)"),
     E("neg", 1, "-x", lambda x: -x, NUMERIC),
-    E("sign", 1, "(x > 0) - (x < 0)", _sign, NUMERIC),
-    E("relu", 1, "(x > 0 ? x : 0)", lambda x: np.maximum(x, 0), NUMERIC),
+    E("sign", 1, "(x != x ? x : (x > 0) - (x < 0))", _sign, NUMERIC, int_expr="((x > 0) - (x < 0))"),  # NaN: NaN
+    E("relu", 1, "(x < 0 ? 0 : x)", lambda x: np.maximum(x, 0), NUMERIC),  # NaN stays NaN
     E("exp", 1, "exp(x)", np.exp),
     E("log", 1, "log(x)", np.log, domain=(0.1, 5.0)),
     E("sqrt", 1, "sqrt(x)", np.sqrt, domain=(0.0, 5.0)),
@@ -131,7 +131,8 @@ UNARY = [
         lambda x, alpha, beta: np.where(x > 0, beta * x, beta * alpha * (np.exp(x) - 1)), params=("alpha", "beta"),
         doc="alpha, gamma = alpha, beta",
     ),
-    E("hardsigmoid", 1, "fmin(fmax(alpha * x + beta, 0), 1)", _hardsigmoid, params=("alpha", "beta")),
+    E("hardsigmoid", 1, "(alpha * x + beta < 0 ? 0 : (alpha * x + beta > 1 ? 1 : alpha * x + beta))", _hardsigmoid,
+      params=("alpha", "beta")),  # comparisons, not fmin/fmax, so that NaN stays NaN
     E("clip", 1, "(x < alpha ? alpha : (x > beta ? beta : x))", lambda x, alpha, beta: np.minimum(np.maximum(x, alpha), beta), NUMERIC, params=("alpha", "beta"),
       doc="min, max = alpha, beta"),
     E("add_scalar", 1, "x + alpha", lambda x, alpha: x + alpha, NUMERIC, params=("alpha",)),
