@@ -16,7 +16,6 @@ import pytest
 import singa_backend_cpu
 from singa import device, dtypes, expressions, primitives
 from singa.backend import View
-from singa_backend_cpu.codegen import kernel_dtypes
 from singa_backend_cpu.device import ffi
 from singa_backend_cpu.table import philox_u32
 
@@ -229,7 +228,7 @@ _PARAMS = {"clip": (-1.0, 1.5), "hardsigmoid": (0.2, 0.5), "selu": (1.67, 1.05)}
 
 def _elementwise_cases():
     for entry in expressions.TABLE.values():
-        for dt in kernel_dtypes(entry):
+        for dt in entry.kernel_dtypes:
             yield pytest.param(entry.name, dt, id=f"{entry.name}-{dtypes.name(dt)}")
 
 

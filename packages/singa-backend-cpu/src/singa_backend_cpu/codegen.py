@@ -88,15 +88,10 @@ def _store_expr(out: CType, expr: str) -> tuple[str, str]:
     return out.storage, f"({out.storage})({expr})"
 
 
-def kernel_dtypes(entry) -> tuple:
-    """The dtypes an entry gets kernels for: those it declares, plus float64 where it declares float32."""
-    return entry.dtypes + ((F64,) if F32 in entry.dtypes and F64 not in entry.dtypes else ())
-
-
 def elementwise_kernels(table: dict) -> list[Kernel]:
     kernels = []
     for entry in table.values():
-        for dt in kernel_dtypes(entry):
+        for dt in entry.kernel_dtypes:
             ct = CTYPES[dt]
             out = CTYPES[BOOL] if entry.out_bool else ct
             expr = entry.expression(dt)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args
 from singa.backend import View, contiguous_strides
-from singa_backend_cpu.codegen import kernel_dtypes
 from singa_backend_cpu.device import ffi, lib
 
 F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
@@ -178,7 +177,7 @@ def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
 
 
 def _make_binary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, kernel_dtypes(entry)
+    name, supported = entry.name, entry.kernel_dtypes
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
     out_dtypes = _out_dtypes(entry)
@@ -202,7 +201,7 @@ def _make_binary(entry: expressions.Elementwise) -> Callable:
 
 
 def _make_unary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, kernel_dtypes(entry)
+    name, supported = entry.name, entry.kernel_dtypes
     contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
     strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
     out_dtypes = _out_dtypes(entry)

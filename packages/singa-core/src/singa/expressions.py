@@ -34,6 +34,13 @@ class Elementwise:
     # sample domain for tests: (low, high) of values that keep the function finite and well-conditioned
     domain: tuple = field(default=(-3.0, 3.0))
 
+    @property
+    def kernel_dtypes(self) -> tuple:
+        """The input dtypes its kernels take: those declared, plus float64 wherever float32 is (a device that declares
+        float64 computes every float32 entry in double precision too)."""
+        extra = (dt.float64,) if dt.float32 in self.dtypes and dt.float64 not in self.dtypes else ()
+        return tuple(self.dtypes) + extra
+
     def expression(self, dtype: int) -> str:
         if dtype in dt.INTS + (dt.bool_,) and self.int_expr is not None:
             return self.int_expr

@@ -115,8 +115,7 @@ def _shape_arg(op: str, shape: Any) -> tuple:
 
 
 def _entry_dtypes(entry) -> frozenset:
-    ok = frozenset(entry.dtypes)
-    return ok | {_dt.float64} if float32 in ok else ok
+    return frozenset(entry.kernel_dtypes)
 
 
 def _device_dtype(op: str, dtype: int, device: Device) -> None:

@@ -29,7 +29,6 @@ __all__ = [
     "download",
     "draw",
     "empty",
-    "kernel_dtypes",
     "layout",
     "np_dtype",
     "read_buffer",
@@ -58,12 +57,6 @@ def require(device, *dts: int) -> None:
     if missing:
         pytest.skip(f"{device.name} does not declare {', '.join(missing)} in Device.dtypes")
 
-
-def kernel_dtypes(entry) -> tuple:
-    """The input dtypes of an element-wise table entry's kernel: those it declares, and float64 where it declares
-    float32 (singa.ops accepts float64 wherever float32 is accepted)."""
-    extra = (dtypes.float64,) if dtypes.float32 in entry.dtypes and dtypes.float64 not in entry.dtypes else ()
-    return tuple(entry.dtypes) + extra
 
 LAYOUTS = ("contiguous", "offset", "transposed", "stepped")
 

@@ -57,7 +57,7 @@ def params_for(entry, dtype) -> dict:
 
 
 def cases(entry):
-    return [(entry.name, dt) for dt in H.kernel_dtypes(entry)]
+    return [(entry.name, dt) for dt in entry.kernel_dtypes]
 
 
 def _ids(case):
@@ -271,7 +271,7 @@ def test_unary_special_values(device, name, dtype):
     # as the reference has them
     H.require(device, dtype)
     entry = TABLE[name]
-    if dtype not in H.kernel_dtypes(entry):
+    if dtype not in entry.kernel_dtypes:
         pytest.skip(f"{name} does not take {dtypes.name(dtype)}")
     x = SPECIAL_VALUES.astype(H.np_dtype(dtype))
     params = params_for(entry, dtype)
