@@ -291,6 +291,54 @@ def test_inside_a_recorded_model_step_the_rep_runs_eagerly(dev):
         np.testing.assert_allclose(tensor.to_numpy(out), ort_run(m, {"x": xi})[0], rtol=1e-4, atol=1e-5)
 
 
+# -- handlers rewritten for speed ------------------------------------------------------------------------------------
+
+
+def _lrn_reference(x, size, alpha, beta, bias):
+    c_n = x.shape[1]
+    sq = np.zeros(x.shape)
+    for c in range(c_n):
+        lo, hi = max(0, c - (size - 1) // 2), min(c_n - 1, c + size // 2)
+        sq[:, c] = np.sum(x[:, lo:hi + 1].astype(np.float64) ** 2, axis=1)
+    return x / (bias + alpha / size * sq) ** beta
+
+
+@pytest.mark.parametrize(("shape", "size", "beta"), [((2, 7, 5, 5), 5, 0.75), ((1, 4, 6), 4, 0.5),
+                                                   ((2, 5, 3, 3), 1, 1.0), ((2, 6, 4, 4), 2, 0.6),
+                                                   ((1, 3, 2, 2), 7, 0.75)])
+def test_lrn_channel_window_sums_and_powers(dev, shape, size, beta):
+    m = make_model([helper.make_node("LRN", ["x"], ["y"], size=size, alpha=1e-2, beta=beta, bias=2.0)],
+                   [vi("x", list(shape))], [vi("y", list(shape))])
+    x = arr(*shape, scale=5.0)
+    want = _lrn_reference(x, size, 1e-2, beta, 2.0)
+    for optimize in (False, True):
+        got = sonnx.prepare(m, dev, optimize=optimize).run([x])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_gradient(dev):
+    shape = (2, 6, 3, 3)
+    m = make_model([helper.make_node("LRN", ["x"], ["y"], size=3, alpha=0.5, beta=0.75, bias=1.0)],
+                   [vi("x", list(shape))], [vi("y", list(shape))])
+    rep = sonnx.prepare(m, dev)
+    x = RNG.standard_normal(shape)
+    r = RNG.standard_normal(shape)
+    eps = 1e-3
+    num = np.zeros(shape)
+    for i in np.ndindex(shape):
+        d = np.zeros(shape)
+        d[i] = eps
+        num[i] = np.sum((_lrn_reference(x + d, 3, 0.5, 0.75, 1.0) - _lrn_reference(x - d, 3, 0.5, 0.75, 1.0)) * r) / (
+            2 * eps)
+    tx = tensor.Tensor(device=dev, data=x.astype(np.float32))
+    tx.requires_grad = tx.stores_grad = True
+    autograd.training = True
+    y = rep.run([tx])[0]
+    loss = autograd.reduce_sum(autograd.mul(y, tensor.Tensor(device=dev, data=r.astype(np.float32))), None, 0)
+    grads = {id(p): g for p, g in autograd.backward(loss)}
+    np.testing.assert_allclose(tensor.to_numpy(grads[id(tx)]), num, rtol=1e-3, atol=1e-4)
+
+
 # -- onnx's own cases, each run three times: eager, recorded, replayed ----------------------------------------------
 
 

@@ -543,19 +543,35 @@ def dropout(node, inputs, opset):
     return y
 
 
+def _pow_const(t: Tensor, p: float) -> Tensor:
+    """t ** p for a constant exponent; the common ones through square roots (a fraction of pow's time)."""
+    if p == 1:
+        return t
+    if p == 0.5:
+        return autograd.sqrt(t)
+    if p == 0.75:  # LRN's usual beta: t^(1/2) * t^(1/4)
+        r = autograd.sqrt(t)
+        return autograd.mul(r, autograd.sqrt(r))
+    return autograd.pow(t, const_like(t, p))
+
+
 @register("LRN")
 def lrn(node, inputs, opset):
     x = tensor(node, inputs[0])
-    size = node.attr("size")
+    size = int(node.attr("size"))
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
     shape = list(x.shape)
-    N, C = shape[:2]
-    rest = math.prod(shape[2:])
-    sq = autograd.reshape(autograd.mul(x, x), [N, 1, C, rest])
+    nd, C = len(shape), shape[1]
+    sq = autograd.mul(x, x)
+    # sum of squares over the channels c - lo ... c + hi: `size` shifted channel slices of the zero-padded squares
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    # mean of squares over `size` channels (an average pool over (size, 1) windows that counts the zero padding)
-    s = autograd.pooling_2d(sq, (size, 1), (1, 1), (lo, 0, hi, 0), False, False, (1, 1), True)
-    s = autograd.reshape(s, shape)
-    den = autograd.pow(autograd.add(autograd.mul(s, const_like(x, alpha)), const_like(x, bias)),
-                       const_like(x, beta))
-    return autograd.div(x, den)
+    s = sq
+    if size > 1:
+        zp = [0] * (2 * nd)
+        zp[1], zp[nd + 1] = lo, hi
+        padded = autograd.pad(sq, "constant", zp, 0.0)
+        s = autograd.slice(padded, [0], [C], [1])
+        for i in range(1, size):
+            s = autograd.add(s, autograd.slice(padded, [i], [i + C], [1]))
+    t = autograd.add(autograd.mul(s, const_like(x, alpha / size)), const_like(x, bias))
+    return autograd.div(x, _pow_const(t, float(beta)))
