@@ -38,8 +38,8 @@ def _conv2d(x, w, b, strides, pads, dils, group):
 
 
 def _pointwise(x: Tensor, w: Tensor, b: Tensor | None, strides) -> Tensor:
-    """A 1x1 convolution as one matrix product W (K, C) @ x (N, C, positions): the same sums, and several times
-    faster than the convolution kernel for the small channel counts of squeeze / shuffle blocks."""
+    """A 1x1x... convolution of 3 or more spatial axes as one matrix product W (K, C) @ x (N, C, positions) (2-D
+    ones go to the conv2d kernel, whose own 1x1 path with the bias added in is as fast or faster)."""
     if any(s != 1 for s in strides):
         nd = len(x.shape)
         x = autograd.slice(x, [0] * (nd - 2), list(x.shape[2:]), list(range(2, nd)), list(strides))
@@ -55,8 +55,6 @@ def _pointwise(x: Tensor, w: Tensor, b: Tensor | None, strides) -> Tensor:
 def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, strides, pads, dils, group: int) -> Tensor:
     """ONNX Conv for 1-D, 2-D and higher spatial ranks on the 2-D kernel."""
     nsp = len(x.shape) - 2
-    if group == 1 and all(k == 1 for k in w.shape[2:]) and not any(pads) and x.dtype in FLOATS:
-        return _pointwise(x, w, b, strides)
     if nsp == 2:
         return _conv2d(x, w, b, strides, pads, dils, group)
     if nsp == 1:
@@ -65,6 +63,8 @@ def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, strides, pads, dils, group: 
         w4 = autograd.reshape(w, list(w.shape) + [1])
         y = _conv2d(x4, w4, b, [strides[0], 1], [pads[0], 0, pads[1], 0], [dils[0], 1], group)
         return autograd.reshape(y, list(y.shape[:3]))
+    if group == 1 and all(k == 1 for k in w.shape[2:]) and not any(pads) and x.dtype in FLOATS:
+        return _pointwise(x, w, b, strides)
     # higher rank: sum over the taps of the first spatial axis of (nsp-1)-D convolutions
     N, C, D = x.shape[:3]
     K, kD = w.shape[0], w.shape[2]
