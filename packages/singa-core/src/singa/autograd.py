@@ -19,7 +19,7 @@ import builtins
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,6 +183,11 @@ class Operator:
         """Whether input i wants a gradient (lets backward skip work such as dx of a data batch)."""
         req = self.__dict__.get("_req")
         return True if req is None or i >= len(req) else req[i]
+
+    def _grad_for(self, i: int, y_shape: tuple, x_shape: tuple, grad: Callable[[], Tensor]) -> Tensor | None:
+        """The gradient of input i: grad() (of shape y_shape) summed over the axes along which x_shape was
+        broadcast; None, without calling grad, when input i wants none."""
+        return back_broadcast(y_shape, x_shape, grad()) if self._input_needs_grad(i) else None
 
     def _do_forward(self, *xs: Any) -> tuple:
         while xs and xs[-1] is None:  # optional trailing inputs (a bias, Gemm's C) left out
@@ -479,19 +484,40 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
         del dxs, g
 
 
-# -- element-wise, one input ----------------------------------------------------------------------------------------
+# -- building blocks --------------------------------------------------------------------------------------------------
 
 
-class _Unary(Operator):
-    """One-input element-wise operator: `_fn` forward; `_grad(dy, x, y)` backward; `_keep` says what to save."""
-
-    _keep = "x"
+class _Plain(Operator):
+    """An operator built without arguments (SINGA's `__init__(self)`: its name is numbered automatically)."""
 
     def __init__(self) -> None:
         super().__init__()
 
+
+class _NoGrad(_Plain):
+    """An operator with one input and no gradient for it (shapes, indices, constants, logical results)."""
+
+    def backward(self, dy: Tensor) -> None:
+        return None
+
+
+def _ints(v: Any) -> list:
+    """The integers of a Tensor, an array, a sequence or a single number, flattened (shapes, axes, repeats)."""
+    return [int(e) for e in np.asarray(ops.to_numpy(v) if isinstance(v, Tensor) else v).reshape(-1)]
+
+
+# -- element-wise, one input ----------------------------------------------------------------------------------------
+
+
+class _Unary(_Plain):
+    """One-input element-wise operator: forward is the `singa.ops` function named `_op` (or `_fn`, where a class
+    overrides it); backward is `_grad(dy, x, y)`; `_keep` says which of x and y forward saves for it."""
+
+    _op = ""
+    _keep = "x"
+
     def _fn(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+        return getattr(ops, self._op)(x)
 
     def _grad(self, dy: Tensor, x: Tensor | None, y: Tensor | None) -> Tensor | None:
         raise NotImplementedError
@@ -509,33 +535,100 @@ class _Unary(Operator):
         return self._grad(dy, getattr(self, "input", None), getattr(self, "output", None))
 
 
-class ReLU(_Unary):
-    # y > 0 exactly where x > 0: keeping the output lets the input (often a batch-norm output) die at once
-    _keep = "y"
+class _Flat(_Unary):
+    """A piecewise-constant function: the gradient is zero almost everywhere (SINGA returns zeros)."""
 
-    def _fn(self, x):
-        return ops.relu(x)
-
-    def _grad(self, dy, x, y):
-        return ops.relu_grad(dy, y)
-
-
-def relu(x: Tensor) -> Tensor:
-    return ReLU()(x)[0]
-
-
-class Identity(_Unary):
     _keep = ""
 
-    def _fn(self, x):
-        return x
-
     def _grad(self, dy, x, y):
-        return dy
+        return _zeros(dy.shape, dy)
 
 
-def identity(x: Tensor) -> Tensor:
-    return Identity()(x)[0]
+def _forward_a(self, a: Tensor) -> Tensor:  # forward with SINGA's argument name `a` (Abs, Exp, Sign)
+    return _Unary.forward(self, a)
+
+
+def _unary(name: str, op: str | Callable, grad: Callable | None = None, *, keep: str | None = None,
+           doc: str | None = None, base: type = _Unary, arg: str = "x") -> tuple[type, Callable]:
+    """The operator class `name` and its function (`name` in lower case), which applies a new instance to a tensor.
+
+    Forward is the `singa.ops` function named `op` (or `op` itself, a function of x); backward is grad(dy, x, y),
+    where forward saves x, y or both as `keep` says (x when None; a `_Flat` base saves nothing and needs no grad).
+    `arg` is the argument's name in forward and in the function, as SINGA spells it."""
+    ns: dict = {"__module__": __name__, "__qualname__": name, "__doc__": doc}
+    if isinstance(op, str):
+        ns["_op"] = op
+    else:
+        ns["_fn"] = staticmethod(op)
+    if grad is not None:
+        ns["_grad"] = staticmethod(grad)
+    if keep is not None:
+        ns["_keep"] = keep
+    if arg == "a":
+        ns["forward"] = _forward_a
+    elif arg != "x":
+        raise ValueError(f"_unary: argument name {arg!r} (x or a)")
+    cls = type(name, (base,), ns)
+
+    if arg == "a":
+        def function(a: Tensor) -> Tensor:
+            return cls()(a)[0]
+    else:
+        def function(x: Tensor) -> Tensor:
+            return cls()(x)[0]
+
+    function.__name__ = function.__qualname__ = name.lower()
+    function.__module__ = __name__
+    return cls, function
+
+
+def _gelu_grad(dy: Tensor, x: Tensor, y: Tensor | None) -> Tensor:
+    # d/dx x * Phi(x) = Phi(x) + x * phi(x)
+    cdf = ops.mul(ops.add(ops.erf(ops.mul(x, math.sqrt(0.5))), 1), 0.5)
+    pdf = ops.mul(ops.exp(ops.mul(ops.square(x), -0.5)), 1 / math.sqrt(2 * math.pi))
+    return ops.mul(dy, ops.add(cdf, ops.mul(x, pdf)))
+
+
+def _round_half_away(x: Tensor) -> Tensor:
+    return ops.mul(ops.sign(x), ops.floor(ops.add(ops.abs(x), 0.5)))
+
+
+# The operators without parameters: class, function = _unary(name, forward, gradient (dy, x, y), what it keeps).
+# ReLU keeps its output (y > 0 exactly where x > 0), so that the input (often a batch-norm output) dies at once.
+ReLU, relu = _unary("ReLU", "relu", lambda dy, x, y: ops.relu_grad(dy, y), keep="y")
+Identity, identity = _unary("Identity", lambda x: x, lambda dy, x, y: dy, keep="")
+Sigmoid, sigmoid = _unary("Sigmoid", "sigmoid", lambda dy, x, y: ops.sigmoid_grad(dy, y), keep="y")
+Tanh, tanh = _unary("Tanh", "tanh", lambda dy, x, y: ops.tanh_grad(dy, y), keep="y")
+Cos, cos = _unary("Cos", "cos", lambda dy, x, y: ops.neg(ops.mul(dy, ops.sin(x))))
+Cosh, cosh = _unary("Cosh", "cosh", lambda dy, x, y: ops.mul(dy, ops.sinh(x)))
+# acos' = -1 / sqrt(1 - x^2)
+Acos, acos = _unary("Acos", "acos", lambda dy, x, y: ops.neg(ops.div(dy, ops.sqrt(ops.sub(1, ops.square(x))))))
+Acosh, acosh = _unary("Acosh", "acosh", lambda dy, x, y: ops.div(dy, ops.sqrt(ops.sub(ops.square(x), 1))))
+Sin, sin = _unary("Sin", "sin", lambda dy, x, y: ops.mul(dy, ops.cos(x)))
+Sinh, sinh = _unary("Sinh", "sinh", lambda dy, x, y: ops.mul(dy, ops.cosh(x)))
+Asin, asin = _unary("Asin", "asin", lambda dy, x, y: ops.div(dy, ops.sqrt(ops.sub(1, ops.square(x)))))
+Asinh, asinh = _unary("Asinh", "asinh", lambda dy, x, y: ops.div(dy, ops.sqrt(ops.add(ops.square(x), 1))))
+Tan, tan = _unary("Tan", "tan", lambda dy, x, y: ops.mul(dy, ops.add(ops.square(y), 1)), keep="y")
+Atan, atan = _unary("Atan", "atan", lambda dy, x, y: ops.div(dy, ops.add(ops.square(x), 1)))
+Atanh, atanh = _unary("Atanh", "atanh", lambda dy, x, y: ops.div(dy, ops.sub(1, ops.square(x))))
+Abs, abs = _unary("Abs", "abs", lambda dy, x, y: ops.mul(dy, ops.sign(x)), arg="a")
+Exp, exp = _unary("Exp", "exp", lambda dy, x, y: ops.mul(dy, y), keep="y", arg="a")
+Log, log = _unary("Log", "log", lambda dy, x, y: ops.div(dy, x))
+Sqrt, sqrt = _unary("Sqrt", "sqrt", lambda dy, x, y: ops.div(ops.mul(dy, 0.5), y), keep="y")
+SoftPlus, softplus = _unary("SoftPlus", "softplus", lambda dy, x, y: ops.mul(dy, ops.sigmoid(x)))
+SoftSign, softsign = _unary("SoftSign", "softsign", lambda dy, x, y: ops.div(dy, ops.square(ops.add(ops.abs(x), 1))))
+Negative, negative = _unary("Negative", "neg", lambda dy, x, y: ops.neg(dy), keep="")
+Reciprocal, reciprocal = _unary("Reciprocal", "reciprocal", lambda dy, x, y: ops.neg(ops.mul(dy, ops.square(y))),
+                                keep="y")
+Erf, erf = _unary("Erf", "erf",
+                  lambda dy, x, y: ops.mul(dy, ops.mul(ops.exp(ops.neg(ops.square(x))), 2.0 / math.sqrt(math.pi))))
+Gelu, gelu = _unary("Gelu", "gelu", _gelu_grad, doc="x * Phi(x) (the exact, erf-based GELU).")
+Sign, sign = _unary("Sign", "sign", base=_Flat, arg="a")
+Ceil, ceil = _unary("Ceil", "ceil", base=_Flat)
+Floor, floor = _unary("Floor", "floor", base=_Flat)
+Round, round = _unary("Round", _round_half_away, base=_Flat,
+                      doc="Round half away from zero (SINGA's Round; Rounde rounds half to even).")
+Rounde, rounde = _unary("Rounde", "round", base=_Flat, doc="Round half to even (ONNX Round).")
 
 
 class Clip(_Unary):
@@ -639,400 +732,35 @@ def hardsigmoid(x: Tensor, alpha: float = 0.2, gamma: float = 0.5) -> Tensor:
     return HardSigmoid(alpha, gamma)(x)[0]
 
 
-class Sigmoid(_Unary):
-    _keep = "y"
+class _SoftMaxLike(Operator):
+    """Softmax or log-softmax along `axis`: `_op` forward, `_op`_backward from the saved output."""
 
-    def _fn(self, x):
-        return ops.sigmoid(x)
+    _op = "softmax"
 
-    def _grad(self, dy, x, y):
-        return ops.sigmoid_grad(dy, y)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return Sigmoid()(x)[0]
-
-
-class Tanh(_Unary):
-    _keep = "y"
-
-    def _fn(self, x):
-        return ops.tanh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.tanh_grad(dy, y)
-
-
-def tanh(x: Tensor) -> Tensor:
-    return Tanh()(x)[0]
-
-
-class Cos(_Unary):
-    def _fn(self, x):
-        return ops.cos(x)
-
-    def _grad(self, dy, x, y):
-        return ops.neg(ops.mul(dy, ops.sin(x)))
-
-
-def cos(x: Tensor) -> Tensor:
-    return Cos()(x)[0]
-
-
-class Cosh(_Unary):
-    def _fn(self, x):
-        return ops.cosh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.sinh(x))
-
-
-def cosh(x: Tensor) -> Tensor:
-    return Cosh()(x)[0]
-
-
-class Acos(_Unary):
-    def _fn(self, x):
-        return ops.acos(x)
-
-    def _grad(self, dy, x, y):
-        # -1 / sqrt(1 - x^2)
-        return ops.neg(ops.div(dy, ops.sqrt(ops.sub(1, ops.square(x)))))
-
-
-def acos(x: Tensor) -> Tensor:
-    return Acos()(x)[0]
-
-
-class Acosh(_Unary):
-    def _fn(self, x):
-        return ops.acosh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.sqrt(ops.sub(ops.square(x), 1)))
-
-
-def acosh(x: Tensor) -> Tensor:
-    return Acosh()(x)[0]
-
-
-class Sin(_Unary):
-    def _fn(self, x):
-        return ops.sin(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.cos(x))
-
-
-def sin(x: Tensor) -> Tensor:
-    return Sin()(x)[0]
-
-
-class Sinh(_Unary):
-    def _fn(self, x):
-        return ops.sinh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.cosh(x))
-
-
-def sinh(x: Tensor) -> Tensor:
-    return Sinh()(x)[0]
-
-
-class Asin(_Unary):
-    def _fn(self, x):
-        return ops.asin(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.sqrt(ops.sub(1, ops.square(x))))
-
-
-def asin(x: Tensor) -> Tensor:
-    return Asin()(x)[0]
-
-
-class Asinh(_Unary):
-    def _fn(self, x):
-        return ops.asinh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.sqrt(ops.add(ops.square(x), 1)))
-
-
-def asinh(x: Tensor) -> Tensor:
-    return Asinh()(x)[0]
-
-
-class Tan(_Unary):
-    _keep = "y"
-
-    def _fn(self, x):
-        return ops.tan(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.add(ops.square(y), 1))
-
-
-def tan(x: Tensor) -> Tensor:
-    return Tan()(x)[0]
-
-
-class Atan(_Unary):
-    def _fn(self, x):
-        return ops.atan(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.add(ops.square(x), 1))
-
-
-def atan(x: Tensor) -> Tensor:
-    return Atan()(x)[0]
-
-
-class Atanh(_Unary):
-    def _fn(self, x):
-        return ops.atanh(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.sub(1, ops.square(x)))
-
-
-def atanh(x: Tensor) -> Tensor:
-    return Atanh()(x)[0]
-
-
-class Abs(_Unary):
-    def _fn(self, x):
-        return ops.abs(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.sign(x))
-
-    def forward(self, a: Tensor) -> Tensor:
-        return super().forward(a)
-
-
-def abs(a: Tensor) -> Tensor:
-    return Abs()(a)[0]
-
-
-class Exp(_Unary):
-    _keep = "y"
-
-    def _fn(self, x):
-        return ops.exp(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, y)
-
-    def forward(self, a: Tensor) -> Tensor:
-        return super().forward(a)
-
-
-def exp(a: Tensor) -> Tensor:
-    return Exp()(a)[0]
-
-
-class Log(_Unary):
-    def _fn(self, x):
-        return ops.log(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, x)
-
-
-def log(x: Tensor) -> Tensor:
-    return Log()(x)[0]
-
-
-class Sqrt(_Unary):
-    _keep = "y"
-
-    def _fn(self, x):
-        return ops.sqrt(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(ops.mul(dy, 0.5), y)
-
-
-def sqrt(x: Tensor) -> Tensor:
-    return Sqrt()(x)[0]
-
-
-class SoftPlus(_Unary):
-    def _fn(self, x):
-        return ops.softplus(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.sigmoid(x))
-
-
-def softplus(x: Tensor) -> Tensor:
-    return SoftPlus()(x)[0]
-
-
-class SoftSign(_Unary):
-    def _fn(self, x):
-        return ops.softsign(x)
-
-    def _grad(self, dy, x, y):
-        return ops.div(dy, ops.square(ops.add(ops.abs(x), 1)))
-
-
-def softsign(x: Tensor) -> Tensor:
-    return SoftSign()(x)[0]
-
-
-class Negative(_Unary):
-    _keep = ""
-
-    def _fn(self, x):
-        return ops.neg(x)
-
-    def _grad(self, dy, x, y):
-        return ops.neg(dy)
-
-
-def negative(x: Tensor) -> Tensor:
-    return Negative()(x)[0]
-
-
-class Reciprocal(_Unary):
-    _keep = "y"
-
-    def _fn(self, x):
-        return ops.reciprocal(x)
-
-    def _grad(self, dy, x, y):
-        return ops.neg(ops.mul(dy, ops.square(y)))
-
-
-def reciprocal(x: Tensor) -> Tensor:
-    return Reciprocal()(x)[0]
-
-
-class Erf(_Unary):
-    def _fn(self, x):
-        return ops.erf(x)
-
-    def _grad(self, dy, x, y):
-        return ops.mul(dy, ops.mul(ops.exp(ops.neg(ops.square(x))), 2.0 / math.sqrt(math.pi)))
-
-
-def erf(x: Tensor) -> Tensor:
-    return Erf()(x)[0]
-
-
-class Gelu(_Unary):
-    """x * Phi(x) (the exact, erf-based GELU)."""
-
-    def _fn(self, x):
-        return ops.gelu(x)
-
-    def _grad(self, dy, x, y):
-        cdf = ops.mul(ops.add(ops.erf(ops.mul(x, math.sqrt(0.5))), 1), 0.5)
-        pdf = ops.mul(ops.exp(ops.mul(ops.square(x), -0.5)), 1 / math.sqrt(2 * math.pi))
-        return ops.mul(dy, ops.add(cdf, ops.mul(x, pdf)))
-
-
-def gelu(x: Tensor) -> Tensor:
-    return Gelu()(x)[0]
-
-
-class _Flat(_Unary):
-    """A piecewise-constant function: the gradient is zero almost everywhere (SINGA returns zeros)."""
-
-    _keep = ""
-
-    def _grad(self, dy, x, y):
-        return _zeros(dy.shape, dy)
-
-
-class Sign(_Flat):
-    def _fn(self, x):
-        return ops.sign(x)
-
-    def forward(self, a: Tensor) -> Tensor:
-        return super().forward(a)
-
-
-def sign(a: Tensor) -> Tensor:
-    return Sign()(a)[0]
-
-
-class Ceil(_Flat):
-    def _fn(self, x):
-        return ops.ceil(x)
-
-
-def ceil(x: Tensor) -> Tensor:
-    return Ceil()(x)[0]
-
-
-class Floor(_Flat):
-    def _fn(self, x):
-        return ops.floor(x)
-
-
-def floor(x: Tensor) -> Tensor:
-    return Floor()(x)[0]
-
-
-class Round(_Flat):
-    """Round half away from zero (SINGA's Round; Rounde rounds half to even)."""
-
-    def _fn(self, x):
-        return ops.mul(ops.sign(x), ops.floor(ops.add(ops.abs(x), 0.5)))
-
-
-def round(x: Tensor) -> Tensor:
-    return Round()(x)[0]
-
-
-class Rounde(_Flat):
-    """Round half to even (ONNX Round)."""
-
-    def _fn(self, x):
-        return ops.round(x)
-
-
-def rounde(x: Tensor) -> Tensor:
-    return Rounde()(x)[0]
-
-
-class SoftMax(Operator):
     def __init__(self, axis: int = 1) -> None:
         super().__init__()
         self.axis = axis
 
     def forward(self, x: Tensor) -> Tensor:
-        y = ops.softmax(x, self.axis)
+        y = getattr(ops, self._op)(x, self.axis)
         if training:
             self.output = y
         return y
 
     def backward(self, dy: Tensor) -> Tensor:
-        return ops.softmax_backward(dy, self.output, self.axis)
+        return getattr(ops, self._op + "_backward")(dy, self.output, self.axis)
+
+
+class SoftMax(_SoftMaxLike):
+    _op = "softmax"
 
 
 def softmax(x: Tensor, axis: int = 1) -> Tensor:
     return SoftMax(axis)(x)[0]
 
 
-class LogSoftmax(Operator):
-    def __init__(self, axis: int = 1) -> None:
-        super().__init__()
-        self.axis = axis
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = ops.log_softmax(x, self.axis)
-        if training:
-            self.output = y
-        return y
-
-    def backward(self, dy: Tensor) -> Tensor:
-        return ops.log_softmax_backward(dy, self.output, self.axis)
+class LogSoftmax(_SoftMaxLike):
+    _op = "log_softmax"
 
 
 def log_softmax(x: Tensor, axis: int = 1) -> Tensor:
@@ -1061,19 +789,28 @@ def cast(x: Tensor, to: Any) -> Tensor:
 # -- element-wise, two or more inputs (numpy broadcasting) ----------------------------------------------------------
 
 
-class _Binary(Operator):
-    def __init__(self) -> None:
-        super().__init__()
+class _Binary(_Plain):
+    """Two-input element-wise operator with numpy broadcasting: forward is the `singa.ops` function named `_op`;
+    while training it keeps `_save(a, b, y)` as `self.input` for backward (by default the three shapes)."""
+
+    _op = "add"
+
+    @staticmethod
+    def _save(a: Tensor, b: Tensor, y: Tensor) -> tuple:
+        return a.shape, b.shape, y.shape
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        y = getattr(ops, self._op)(a, b)
+        if training:
+            self.input = self._save(a, b, y)
+        return y
 
 
 class Add(_Binary):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        y = ops.add(a, b)
-        self.shapes = (a.shape, b.shape, y.shape)
-        return y
+    _op = "add"
 
     def backward(self, dy: Tensor) -> tuple:
-        sa, sb, sy = self.shapes
+        sa, sb, sy = self.input
         return back_broadcast(sy, sa, dy), back_broadcast(sy, sb, dy)
 
 
@@ -1082,14 +819,11 @@ def add(a: Tensor, b: Tensor) -> Tensor:
 
 
 class Sub(_Binary):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        y = ops.sub(a, b)
-        self.shapes = (a.shape, b.shape, y.shape)
-        return y
+    _op = "sub"
 
     def backward(self, dy: Tensor) -> tuple:
-        sa, sb, sy = self.shapes
-        db = back_broadcast(sy, sb, ops.neg(dy)) if self._input_needs_grad(1) else None
+        sa, sb, sy = self.input
+        db = self._grad_for(1, sy, sb, lambda: ops.neg(dy))
         return back_broadcast(sy, sa, dy), db
 
 
@@ -1098,17 +832,13 @@ def sub(a: Tensor, b: Tensor) -> Tensor:
 
 
 class Mul(_Binary):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        y = ops.mul(a, b)
-        if training:
-            self.input = (a, b)
-        return y
+    _op = "mul"
+    _save = staticmethod(lambda a, b, y: (a, b))
 
     def backward(self, dy: Tensor) -> tuple:
         a, b = self.input
-        da = back_broadcast(dy.shape, a.shape, ops.mul(dy, b)) if self._input_needs_grad(0) else None
-        db = back_broadcast(dy.shape, b.shape, ops.mul(dy, a)) if self._input_needs_grad(1) else None
-        return da, db
+        return (self._grad_for(0, dy.shape, a.shape, lambda: ops.mul(dy, b)),
+                self._grad_for(1, dy.shape, b.shape, lambda: ops.mul(dy, a)))
 
 
 def mul(x: Tensor, y: Tensor) -> Tensor:
@@ -1116,19 +846,15 @@ def mul(x: Tensor, y: Tensor) -> Tensor:
 
 
 class Div(_Binary):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        y = ops.div(a, b)
-        if training:
-            self.input = (b, y, a.shape)
-        return y
+    _op = "div"
+    _save = staticmethod(lambda a, b, y: (b, y, a.shape))
 
     def backward(self, dy: Tensor) -> tuple:
         b, y, a_shape = self.input
         da = ops.div(dy, b)
-        ga = back_broadcast(dy.shape, a_shape, da) if self._input_needs_grad(0) else None
         # d(a/b)/db = -a / b^2 = -(dy / b) * y
-        gb = back_broadcast(dy.shape, b.shape, ops.neg(ops.mul(da, y))) if self._input_needs_grad(1) else None
-        return ga, gb
+        return (self._grad_for(0, dy.shape, a_shape, lambda: da),
+                self._grad_for(1, dy.shape, b.shape, lambda: ops.neg(ops.mul(da, y))))
 
 
 def div(a: Tensor, b: Tensor) -> Tensor:
@@ -1136,20 +862,14 @@ def div(a: Tensor, b: Tensor) -> Tensor:
 
 
 class Pow(_Binary):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        y = ops.pow(a, b)
-        if training:
-            self.input = (a, b, y)
-        return y
+    _op = "pow"
+    _save = staticmethod(lambda a, b, y: (a, b, y))
 
     def backward(self, dy: Tensor) -> tuple:
         a, b, y = self.input
-        da = db = None
-        if self._input_needs_grad(0):  # b * a^(b-1); not y * b / a, which fails at a = 0
-            da = back_broadcast(dy.shape, a.shape, ops.mul(dy, ops.mul(b, ops.pow(a, ops.sub(b, 1)))))
-        if self._input_needs_grad(1):  # a^b * ln(a)
-            db = back_broadcast(dy.shape, b.shape, ops.mul(dy, ops.mul(y, ops.log(a))))
-        return da, db
+        # d/da = b * a^(b-1) (not y * b / a, which fails at a = 0); d/db = a^b * ln(a)
+        return (self._grad_for(0, dy.shape, a.shape, lambda: ops.mul(dy, ops.mul(b, ops.pow(a, ops.sub(b, 1))))),
+                self._grad_for(1, dy.shape, b.shape, lambda: ops.mul(dy, ops.mul(y, ops.log(a)))))
 
 
 def pow(a: Tensor, b: Tensor) -> Tensor:
@@ -1159,25 +879,30 @@ def pow(a: Tensor, b: Tensor) -> Tensor:
 class PRelu(_Binary):
     """y = x for x >= 0, slope * x otherwise (slope broadcasts against x)."""
 
-    def forward(self, x: Tensor, slope: Tensor) -> Tensor:
-        y = ops.prelu(x, slope)
-        if training:
-            self.input = (x, slope)
-        return y
+    _op = "prelu"
+    _save = staticmethod(lambda x, slope, y: (x, slope))
+
+    def forward(self, x: Tensor, slope: Tensor) -> Tensor:  # SINGA's argument names
+        return super().forward(x, slope)
 
     def backward(self, dy: Tensor) -> tuple:
         x, slope = self.input
         neg = ops.lt(x, 0)
-        dx = dslope = None
-        if self._input_needs_grad(0):
-            dx = back_broadcast(dy.shape, x.shape, ops.where(neg, ops.mul(dy, slope), dy))
-        if self._input_needs_grad(1):
-            dslope = back_broadcast(dy.shape, slope.shape, ops.where(neg, ops.mul(dy, x), 0))
-        return dx, dslope
+        return (self._grad_for(0, dy.shape, x.shape, lambda: ops.where(neg, ops.mul(dy, slope), dy)),
+                self._grad_for(1, dy.shape, slope.shape, lambda: ops.where(neg, ops.mul(dy, x), 0)))
 
 
 def prelu(x: Tensor, slope: Tensor) -> Tensor:
     return PRelu()(x, slope)[0]
+
+
+def _bool_like(r: Tensor, x: Tensor) -> Tensor:
+    """A boolean result as bool for a bool x, else as 0/1 in x's dtype (like Tensor's own operators)."""
+    return r if x.dtype == _dt.bool_ else ops.cast(r, x.dtype)
+
+
+def _as_bool(t: Tensor) -> Tensor:
+    return t if t.dtype == _dt.bool_ else ops.cast(t, _dt.bool_)
 
 
 class _Compare(_Binary):
@@ -1186,8 +911,7 @@ class _Compare(_Binary):
     _op = "lt"
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        r = getattr(ops, self._op)(x, y)
-        return r if x.dtype == _dt.bool_ else ops.cast(r, x.dtype)
+        return _bool_like(getattr(ops, self._op)(x, y), x)
 
     def backward(self, dy: Tensor) -> tuple:
         return None, None
@@ -1217,18 +941,13 @@ def equal(x: Tensor, y: Tensor) -> Tensor:
     return Equal()(x, y)[0]
 
 
-def _as_bool(t: Tensor) -> Tensor:
-    return t if t.dtype == _dt.bool_ else ops.cast(t, _dt.bool_)
-
-
 class _Logical(_Binary):
     """Logical operators: bool operands give bool; numbers are read as x != 0 and give 0/1 in their dtype."""
 
     _op = "logical_and"
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        r = getattr(ops, self._op)(_as_bool(a), _as_bool(b))
-        return r if a.dtype == _dt.bool_ else ops.cast(r, a.dtype)
+        return _bool_like(getattr(ops, self._op)(_as_bool(a), _as_bool(b)), a)
 
     def backward(self, dy: Tensor) -> tuple:
         return None, None
@@ -1246,16 +965,9 @@ class Xor(_Logical):
     _op = "logical_xor"
 
 
-class Not(Operator):
-    def __init__(self) -> None:
-        super().__init__()
-
+class Not(_NoGrad):
     def forward(self, x: Tensor) -> Tensor:
-        r = ops.logical_not(_as_bool(x))
-        return r if x.dtype == _dt.bool_ else ops.cast(r, x.dtype)
-
-    def backward(self, dy: Tensor) -> None:
-        return None
+        return _bool_like(ops.logical_not(_as_bool(x)), x)
 
 
 def _and(a: Tensor, b: Tensor) -> Tensor:
@@ -1274,11 +986,8 @@ def _not(x: Tensor) -> Tensor:
     return Not()(x)[0]
 
 
-class Sum(Operator):
+class Sum(_Plain):
     """Element-wise sum of any number of tensors (broadcasting)."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
     def _combine(self, xs: tuple) -> Tensor:
         y = xs[0]
@@ -1328,13 +1037,10 @@ def add_all(*xs: Tensor) -> Tensor:
     return y
 
 
-class Max(Operator):
+class Max(_Plain):
     """Element-wise maximum of any number of tensors (broadcasting); a tie sends the gradient to the first."""
 
     _pick = "maximum"
-
-    def __init__(self) -> None:
-        super().__init__()
 
     def forward(self, *x: Tensor) -> Tensor:
         if not x:
@@ -1395,9 +1101,8 @@ class Where(Operator):
 
     def backward(self, dy: Tensor) -> tuple:
         cond, sa, sb = self.input
-        da = back_broadcast(dy.shape, sa, ops.where(cond, dy, 0)) if self._input_needs_grad(0) else None
-        db = back_broadcast(dy.shape, sb, ops.where(cond, 0, dy)) if self._input_needs_grad(1) else None
-        return da, db
+        return (self._grad_for(0, dy.shape, sa, lambda: ops.where(cond, dy, 0)),
+                self._grad_for(1, dy.shape, sb, lambda: ops.where(cond, 0, dy)))
 
 
 def where(x: Tensor, y: Tensor, condition: Any) -> Tensor:
@@ -1411,11 +1116,8 @@ def _swap(t: Tensor) -> Tensor:
     return ops.swapaxes(t, -1, -2)
 
 
-class Matmul(Operator):
+class Matmul(_Plain):
     """numpy.matmul: 1-D operands and broadcast batch axes; gradients are summed over broadcast batches."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         y = ops.matmul(x, w)
@@ -1524,11 +1226,8 @@ def gemm(A: Tensor, B: Tensor, C: Tensor | None = None, alpha: float = 1.0, beta
     return Gemm(alpha, beta, transA, transB)(A, B, C)[0]
 
 
-class CosSim(Operator):
+class CosSim(_Plain):
     """Cosine similarity of a and b along their last axis (row by row for (N, D) inputs)."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
     @classmethod
     def dot(cls, a: Tensor, b: Tensor) -> Tensor:
@@ -1565,7 +1264,14 @@ def cossim(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _Reshaping(Operator):
-    """An operator whose backward is a reshape of dy back to the input's shape."""
+    """An operator whose output is `_reshape(x)`, x's elements in another shape: backward reshapes dy back."""
+
+    def _reshape(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.x_shape = x.shape
+        return self._reshape(x)
 
     def backward(self, dy: Tensor) -> Tensor:
         return ops.reshape(dy, self.x_shape)
@@ -1578,13 +1284,8 @@ class Reshape(_Reshaping):
         super().__init__()
         self.shape = shape
 
-    def forward(self, x: Tensor) -> Tensor:
-        shape = self.shape
-        if isinstance(shape, Tensor):
-            shape = ops.to_numpy(shape)
-        shape = [int(s) for s in np.asarray(shape).reshape(-1)] if not isinstance(shape, int) else [shape]
-        shape = [x.shape[i] if s == 0 and i < len(x.shape) else s for i, s in enumerate(shape)]
-        self.x_shape = x.shape
+    def _reshape(self, x: Tensor) -> Tensor:
+        shape = [x.shape[i] if s == 0 and i < len(x.shape) else s for i, s in enumerate(_ints(self.shape))]
         return ops.reshape(x, shape)
 
 
@@ -1599,8 +1300,7 @@ class Flatten(_Reshaping):
         super().__init__()
         self.axis = axis
 
-    def forward(self, x: Tensor) -> Tensor:
-        self.x_shape = x.shape
+    def _reshape(self, x: Tensor) -> Tensor:
         return ops.flatten(x, self.axis)
 
 
@@ -1615,8 +1315,7 @@ class Squeeze(_Reshaping):
         super().__init__()
         self.axis = axis
 
-    def forward(self, x: Tensor) -> Tensor:
-        self.x_shape = x.shape
+    def _reshape(self, x: Tensor) -> Tensor:
         axis = self.axis
         if isinstance(axis, (list, tuple)) and not axis:
             axis = None
@@ -1634,8 +1333,7 @@ class Unsqueeze(_Reshaping):
         super().__init__()
         self.axis = axis
 
-    def forward(self, x: Tensor) -> Tensor:
-        self.x_shape = x.shape
+    def _reshape(self, x: Tensor) -> Tensor:
         axis = self.axis if isinstance(self.axis, (int, np.integer)) else list(self.axis)
         return ops.unsqueeze(x, axis)
 
@@ -1735,12 +1433,7 @@ class Slice(Operator):
         self.steps = steps
 
     def _args(self) -> tuple:
-        def ints(v: Any) -> list | None:
-            if v is None:
-                return None
-            return [int(e) for e in np.asarray(ops.to_numpy(v) if isinstance(v, Tensor) else v).reshape(-1)]
-
-        return ints(self.starts), ints(self.ends), ints(self.axes), ints(self.steps)
+        return tuple(None if v is None else _ints(v) for v in (self.starts, self.ends, self.axes, self.steps))
 
     def forward(self, x: Tensor) -> Tensor:
         self.x_shape = x.shape
@@ -1765,11 +1458,8 @@ class Expand(Operator):
         self.shape = shape
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = self.shape
-        if isinstance(shape, Tensor):
-            shape = ops.to_numpy(shape)
         self.x_shape = x.shape
-        return ops.copy(ops.expand(x, [int(s) for s in np.asarray(shape).reshape(-1)]))
+        return ops.copy(ops.expand(x, _ints(self.shape)))
 
     def backward(self, dy: Tensor) -> Tensor:
         return back_broadcast(dy.shape, self.x_shape, dy)
@@ -1787,11 +1477,7 @@ class Tile(Operator):
         self.repeats = repeats
 
     def forward(self, x: Tensor) -> Tensor:
-        reps = self.repeats
-        if isinstance(reps, Tensor):
-            reps = ops.to_numpy(reps)
-        reps = [int(r) for r in np.asarray(reps).reshape(-1)]
-        self.reps = reps
+        reps = self.reps = _ints(self.repeats)
         self.x_shape = x.shape
         return ops.tile(x, reps)
 
@@ -1912,58 +1598,49 @@ def _space_to_depth(x: Tensor, b: int, mode: str) -> Tensor:
     return ops.reshape(t, (N, C * b * b, H // b, W // b))
 
 
-class DepthToSpace(Operator):
+class _BlockMove(Operator):
+    """DepthToSpace and SpaceToDepth: `_there` moves blocks of blocksize x blocksize, `_back` (the other) undoes it."""
+
     def __init__(self, blocksize: int, mode: str = "DCR") -> None:
         super().__init__()
         self.blocksize = blocksize
         self.mode = mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return _depth_to_space(x, int(self.blocksize), self.mode)
+        return self._there(x, int(self.blocksize), self.mode)
 
     def backward(self, dy: Tensor) -> Tensor:
-        return _space_to_depth(dy, int(self.blocksize), self.mode)
+        return self._back(dy, int(self.blocksize), self.mode)
+
+
+class DepthToSpace(_BlockMove):
+    _there, _back = staticmethod(_depth_to_space), staticmethod(_space_to_depth)
 
 
 def depth_to_space(x: Tensor, blocksize: int, mode: str = "DCR") -> Tensor:
     return DepthToSpace(blocksize, mode)(x)[0]
 
 
-class SpaceToDepth(Operator):
-    def __init__(self, blocksize: int, mode: str = "DCR") -> None:
-        super().__init__()
-        self.blocksize = blocksize
-        self.mode = mode
-
-    def forward(self, x: Tensor) -> Tensor:
-        return _space_to_depth(x, int(self.blocksize), self.mode)
-
-    def backward(self, dy: Tensor) -> Tensor:
-        return _depth_to_space(dy, int(self.blocksize), self.mode)
+class SpaceToDepth(_BlockMove):
+    _there, _back = staticmethod(_space_to_depth), staticmethod(_depth_to_space)
 
 
 def space_to_depth(x: Tensor, blocksize: int, mode: str = "DCR") -> Tensor:
     return SpaceToDepth(blocksize, mode)(x)[0]
 
 
-class Shape(Operator):
+class Shape(_NoGrad):
     """The input's shape as a 1-D int64 tensor."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.from_numpy(np.asarray(x.shape, dtype=np.int64).reshape(len(x.shape)), x.device, _dt.int64)
-
-    def backward(self, dy: Tensor) -> None:
-        return None
 
 
 def shape(x: Tensor) -> Tensor:
     return Shape()(x)[0]
 
 
-class ConstantOfShape(Operator):
+class ConstantOfShape(_NoGrad):
     """A tensor of the shape held by the 1-D integer input, filled with `value` (float32 for a Python number)."""
 
     def __init__(self, value: Any = 0.0) -> None:
@@ -1971,7 +1648,7 @@ class ConstantOfShape(Operator):
         self.value = value
 
     def forward(self, x: Tensor) -> Tensor:
-        shp = tuple(int(d) for d in ops.to_numpy(x).reshape(-1))
+        shp = tuple(_ints(x))
         v = self.value
         if isinstance(v, Tensor):
             v = ops.to_numpy(v)
@@ -1982,29 +1659,20 @@ class ConstantOfShape(Operator):
             code = _dt.float32
         return ops.full(shp, v, code, x.device)
 
-    def backward(self, dy: Tensor) -> None:
-        return None
-
 
 def constant_of_shape(x: Tensor, value: Any = 0) -> Tensor:
     return ConstantOfShape(value)(x)[0]
 
 
-class NonZero(Operator):
+class NonZero(_NoGrad):
     """Indices (int64, shape (ndim, nnz)) of the non-zero elements.
 
     The output's size depends on the data, so the mask is read back to the host here (like every framework's
     nonzero, it synchronises the device)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     def forward(self, x: Tensor) -> Tensor:
         idx = np.array(np.nonzero(ops.to_numpy(ops.ne(x, 0))), dtype=np.int64).reshape(len(x.shape), -1)
         return ops.from_numpy(idx, x.device, _dt.int64)
-
-    def backward(self, dy: Tensor) -> None:
-        return None
 
 
 def nonzero(x: Tensor) -> Tensor:
@@ -2017,9 +1685,7 @@ def nonzero(x: Tensor) -> Tensor:
 def _reduce_axes(axes: Any, nd: int) -> tuple | None:
     if axes is None:
         return None
-    if isinstance(axes, Tensor):
-        axes = ops.to_numpy(axes)
-    axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+    axes = _ints(axes)
     return tuple(sorted(a % nd for a in axes)) if axes else None
 
 
@@ -2175,7 +1841,7 @@ def scatter_elements(x: Tensor, indices: Any, updates: Any, axis: int = 0) -> Te
     return ScatterElements(indices, updates, axis)(x)[0]
 
 
-class OneHot(Operator):
+class OneHot(_NoGrad):
     """ONNX OneHot: a new axis of size depth at `axis`, values[1] where it equals the index, values[0] elsewhere."""
 
     def __init__(self, axis: int, depth: Any, values: Any) -> None:
@@ -2185,8 +1851,7 @@ class OneHot(Operator):
         self.values = values
 
     def forward(self, indices: Tensor) -> Tensor:
-        depth = int(ops.to_numpy(self.depth).reshape(-1)[0]) if isinstance(self.depth, Tensor) else int(
-            np.asarray(self.depth).reshape(-1)[0])
+        depth = _ints(self.depth)[0]
         vals = ops.to_numpy(self.values) if isinstance(self.values, Tensor) else np.asarray(self.values)
         vals = vals.reshape(-1)
         if vals.size != 2:
@@ -2213,19 +1878,13 @@ class OneHot(Operator):
         off = ops.full((), vals[0].item(), code, dev)
         return ops.where(hit, on, off)
 
-    def backward(self, dy: Tensor) -> None:
-        return None
-
 
 def onehot(axis: int, indices: Tensor, depth: Any, values: Any) -> Tensor:
     return OneHot(axis, depth, values)(indices)[0]
 
 
-class Embedding(Operator):
+class Embedding(_Plain):
     """w[x]: rows of the table w (V, D) picked by the integer ids in x; the table gets a scattered gradient."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         idx = _as_index(x, w.device)
@@ -2310,21 +1969,42 @@ def _dense_target(x: Tensor, t: Any) -> Tensor:
     return t if t.dtype == x.dtype else ops.cast(t, x.dtype)
 
 
-class SoftMaxCrossEntropy(Operator):
-    """mean over the batch of -sum(t * log_softmax(x)); x (N, C) logits, t int labels or (N, C) probabilities."""
+def _batch(x: Tensor) -> int:
+    """N, the number of samples a loss averages over: x's first dimension (1 for a 0-d x)."""
+    return x.shape[0] if x.shape else 1
+
+
+class _Loss(Operator):
+    """A loss of predictions x against the targets t given at construction, as a (1,) tensor: `_loss(x, t)` returns
+    the loss and what backward needs (kept as `self.saved` while training), with t converted by `_target`."""
+
+    _target = staticmethod(_dense_target)
 
     def __init__(self, t: Any) -> None:
         super().__init__()
         self.t = t
 
+    def _loss(self, x: Tensor, t: Tensor) -> tuple:
+        raise NotImplementedError
+
     def forward(self, x: Tensor) -> Tensor:
+        loss, saved = self._loss(x, self._target(x, self.t))
+        if training:
+            self.saved = saved
+        return _loss_shape(loss)
+
+
+class SoftMaxCrossEntropy(_Loss):
+    """mean over the batch of -sum(t * log_softmax(x)); x (N, C) logits, t int labels or (N, C) probabilities."""
+
+    @staticmethod
+    def _target(x: Tensor, t: Any) -> Tensor:
         if len(x.shape) != 2:
             raise ValueError(f"softmax_cross_entropy: x must be (N, C) logits, got shape {x.shape}")
-        t = _class_target(x, self.t)
-        loss = ops.mean(ops.softmax_cross_entropy(x, t))
-        if training:
-            self.saved = (x, t)
-        return _loss_shape(loss)
+        return _class_target(x, t)
+
+    def _loss(self, x: Tensor, t: Tensor) -> tuple:
+        return ops.mean(ops.softmax_cross_entropy(x, t)), (x, t)
 
     def backward(self, dy: Any = 1.0) -> Tensor:
         x, t = self.saved
@@ -2337,20 +2017,12 @@ def softmax_cross_entropy(x: Tensor, t: Any) -> Tensor:
     return SoftMaxCrossEntropy(t)(x)[0]
 
 
-class CrossEntropy(Operator):
+class CrossEntropy(_Loss):
     """-sum(t * log(x)) / N for probabilities x (N, C); t one-hot / probabilities or int labels."""
 
-    def __init__(self, t: Any) -> None:
-        super().__init__()
-        self.t = t
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = _dense_target(x, self.t)
-        n = x.shape[0] if x.shape else 1
-        loss = ops.mul(ops.sum(ops.mul(t, ops.log(x))), -1.0 / n)
-        if training:
-            self.saved = (x, t, n)
-        return _loss_shape(loss)
+    def _loss(self, x: Tensor, t: Tensor) -> tuple:
+        n = _batch(x)
+        return ops.mul(ops.sum(ops.mul(t, ops.log(x))), -1.0 / n), (x, t, n)
 
     def backward(self, dy: Any = 1.0) -> Tensor:
         x, t, n = self.saved
@@ -2361,24 +2033,16 @@ def cross_entropy(x: Tensor, t: Any) -> Tensor:
     return CrossEntropy(t)(x)[0]
 
 
-class BinaryCrossEntropy(Operator):
+class BinaryCrossEntropy(_Loss):
     """-sum(t log(x + 1e-4) + (1 - t) log(1 - x + 1e-4)) / N for probabilities x (SINGA keeps the 1e-4 guard)."""
 
     _EPS = 1e-4
 
-    def __init__(self, t: Any) -> None:
-        super().__init__()
-        self.t = t
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = _dense_target(x, self.t)
-        n = x.shape[0] if x.shape else 1
+    def _loss(self, x: Tensor, t: Tensor) -> tuple:
+        n = _batch(x)
         pos = ops.mul(t, ops.log(ops.add(x, self._EPS)))
         neg = ops.mul(ops.sub(1, t), ops.log(ops.sub(1 + self._EPS, x)))
-        loss = ops.mul(ops.sum(ops.add(pos, neg)), -1.0 / n)
-        if training:
-            self.saved = (x, t, n)
-        return _loss_shape(loss)
+        return ops.mul(ops.sum(ops.add(pos, neg)), -1.0 / n), (x, t, n)
 
     def backward(self, dy: Any = 1.0) -> Tensor:
         x, t, n = self.saved
@@ -2390,20 +2054,13 @@ def binary_cross_entropy(x: Tensor, t: Any) -> Tensor:
     return BinaryCrossEntropy(t)(x)[0]
 
 
-class MeanSquareError(Operator):
+class MeanSquareError(_Loss):
     """sum((x - t)^2) / (2 N) (SINGA's definition; N is the batch size)."""
 
-    def __init__(self, t: Any) -> None:
-        super().__init__()
-        self.t = t
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = _dense_target(x, self.t)
+    def _loss(self, x: Tensor, t: Tensor) -> tuple:
         err = ops.sub(x, t)
-        n = x.shape[0] if x.shape else 1
-        if training:
-            self.saved = (err, n)
-        return _loss_shape(ops.mul(ops.sum(ops.square(err)), 0.5 / n))
+        n = _batch(x)
+        return ops.mul(ops.sum(ops.square(err)), 0.5 / n), (err, n)
 
     def backward(self, dy: Any = 1.0) -> Tensor:
         err, n = self.saved
@@ -2423,7 +2080,7 @@ class RankingLoss(Operator):
 
     def forward(self, pos: Tensor, neg: Tensor) -> Tensor:
         val = ops.add(ops.sub(neg, pos), self.M)
-        n = pos.shape[0] if pos.shape else 1
+        n = _batch(pos)
         if training:
             self.saved = (ops.gt(val, 0), n, pos.shape, neg.shape, _full((), 0, pos))
         return _loss_shape(ops.mul(ops.sum(ops.relu(val)), 1.0 / n))
