@@ -501,7 +501,26 @@ class SGD(Optimizer):
         return ops.add(ops.mul(first_done, -self.dampening), 1.0)
 
 
-class RMSProp(Optimizer):
+class _SquareScaled(Optimizer):
+    """The rule RMSProp and AdaGrad share: a state accumulates g^2 (`_accumulate`, in place), then
+    p -= lr * g / (sqrt(state) + epsilon)."""
+
+    def _accumulate(self, acc: Tensor, g: Tensor) -> None:
+        raise NotImplementedError
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        p = param_value
+        w, g, st, saved = self._begin(param_name, param_value, param_grad)
+        lr = self._lr(w)
+        g = self._decayed(w, g, self.weight_decay)
+        acc = st[self.state_names[0]]
+        self._accumulate(acc, g)
+        denom = ops.add(ops.sqrt(acc), self.epsilon)
+        ops.sub(w, ops.mul(ops.div(g, denom), lr), out=w)
+        self._end(p, w, saved)
+
+
+class RMSProp(_SquareScaled):
     """RMSProp (PyTorch's, not centred): sq = rho * sq + (1 - rho) * g^2;  p -= lr * g / (sqrt(sq) + epsilon)."""
 
     state_names = ("square_avg",)
@@ -515,20 +534,12 @@ class RMSProp(Optimizer):
         self.epsilon = float(epsilon)
         self.weight_decay = float(weight_decay)
 
-    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p = param_value
-        w, g, st, saved = self._begin(param_name, param_value, param_grad)
-        lr = self._lr(w)
-        g = self._decayed(w, g, self.weight_decay)
-        sq = st["square_avg"]
+    def _accumulate(self, sq: Tensor, g: Tensor) -> None:
         ops.mul(sq, self.rho, out=sq)
         ops.add(sq, ops.mul(ops.square(g), 1.0 - self.rho), out=sq)
-        avg = ops.add(ops.sqrt(sq), self.epsilon)
-        ops.sub(w, ops.mul(ops.div(g, avg), lr), out=w)
-        self._end(p, w, saved)
 
 
-class AdaGrad(Optimizer):
+class AdaGrad(_SquareScaled):
     """AdaGrad (PyTorch's, no lr decay): acc += g^2;  p -= lr * g / (sqrt(acc) + epsilon)."""
 
     state_names = ("sum",)
@@ -539,16 +550,8 @@ class AdaGrad(Optimizer):
         self.epsilon = float(epsilon)
         self.weight_decay = float(weight_decay)
 
-    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        p = param_value
-        w, g, st, saved = self._begin(param_name, param_value, param_grad)
-        lr = self._lr(w)
-        g = self._decayed(w, g, self.weight_decay)
-        acc = st["sum"]
+    def _accumulate(self, acc: Tensor, g: Tensor) -> None:
         ops.add(acc, ops.square(g), out=acc)
-        std = ops.add(ops.sqrt(acc), self.epsilon)
-        ops.sub(w, ops.mul(ops.div(g, std), lr), out=w)
-        self._end(p, w, saved)
 
 
 class Adam(Optimizer):
