@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import conv_ref
 
 from singa import autograd, device, ops, tensor
 from singa import dtypes as dt
@@ -44,11 +45,8 @@ CONFIGS = [
 
 
 @pytest.fixture(autouse=True)
-def _training():
-    old = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = old
+def _training(training):
+    """Every test here records (conftest.py restores the flag afterwards)."""
 
 
 def _dev(cfg):
@@ -139,26 +137,6 @@ _erf = np.vectorize(math.erf)
 def _softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
-
-
-def conv_ref(x, w, b, stride, pads, dil, groups):
-    N, C, H, W = x.shape
-    K, Cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oh = (H + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (W + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-    out = np.zeros((N, K, oh, ow))
-    Kg = K // groups
-    for g in range(groups):
-        xs = xp[:, g * Cg:(g + 1) * Cg]
-        for i in range(kh):
-            for j in range(kw):
-                h0, w0 = i * dil[0], j * dil[1]
-                patch = xs[:, :, h0:h0 + stride[0] * (oh - 1) + 1:stride[0], w0:w0 + stride[1] * (ow - 1) + 1:stride[1]]
-                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, w[g * Kg:(g + 1) * Kg, :, i, j])
-    if b is not None:
-        out += b.reshape(1, -1, 1, 1)
-    return out
 
 
 def _pool_len(n, k, s, p0, p1, d, ceil_mode):

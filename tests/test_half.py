@@ -25,8 +25,9 @@ import zipfile
 
 import numpy as np
 import pytest
+from helpers import CNN, MLP
 
-from singa import autograd, device, graph, layer, model, opt, tensor
+from singa import autograd, device, graph, opt, tensor
 from singa.tensor import Tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
@@ -43,67 +44,13 @@ def dev():
     return d
 
 
-@pytest.fixture(autouse=True)
-def _restore_training_flag():
-    prev = autograd.training
-    yield
-    autograd.training = prev
+# -- models (helpers.MLP is the seed's Model API MLP, as printed) and their data ---------------------------------------
 
 
-# -- models: the seed's Model API MLP (as printed) and a small CNN --------------------------------------------
-
-
-class MLP(model.Model):  # the model is a subclass of Model
-
-    def __init__(self, data_size=10, perceptron_size=100, num_classes=10):
-        super(MLP, self).__init__()  # noqa: UP008 - the seed's spelling
-
-        # init the operators, layers and other objects
-        self.relu = layer.ReLU()
-        self.linear1 = layer.Linear(perceptron_size)
-        self.linear2 = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
-
-    def forward(self, inputs):  # define the forward function
-        y = self.linear1(inputs)
-        y = self.relu(y)
-        y = self.linear2(y)
-        return y  # noqa: RET504 - as printed
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-    def set_optimizer(self, optimizer):  # attach an optimizer
-        self.optimizer = optimizer
-
-
-class CNN(model.Model):
-    """conv (no bias) -> batchnorm -> relu -> max pool -> conv -> relu -> avg pool -> linear."""
-
-    def __init__(self, channels=8, num_classes=5):
-        super().__init__()
-        self.conv1 = layer.Conv2d(channels, 3, padding=1, bias=False)
-        self.bn1 = layer.BatchNorm2d()
-        self.relu = layer.ReLU()
-        self.pool1 = layer.MaxPool2d(2, 2)
-        self.conv2 = layer.Conv2d(channels, 3, padding=1)
-        self.pool2 = layer.AvgPool2d(2, 2)
-        self.flat = layer.Flatten()
-        self.fc = layer.Linear(num_classes)
-        self.loss = layer.SoftMaxCrossEntropy()
-
-    def forward(self, x):
-        y = self.pool1(self.relu(self.bn1(self.conv1(x))))
-        return self.fc(self.flat(self.pool2(self.relu(self.conv2(y)))))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
+def _cnn():
+    """helpers.CNN without dropout: conv (no bias) -> batchnorm -> relu -> max pool -> conv -> relu -> avg pool ->
+    linear."""
+    return CNN(dropout=0)
 
 
 def _mlp_data(n, batch=16, features=20, classes=10, seed=0):
@@ -133,7 +80,7 @@ def _cnn_data(n, batch=8, size=8, classes=5, seed=0):
 
 MODELS = {
     "mlp": (MLP, _mlp_data, lambda: opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-5)),
-    "cnn": (CNN, _cnn_data, lambda: opt.SGD(lr=0.05, momentum=0.9)),
+    "cnn": (_cnn, _cnn_data, lambda: opt.SGD(lr=0.05, momentum=0.9)),
 }
 
 
@@ -180,11 +127,25 @@ def _master_states(o):
     return {k: np.asarray(v) for k, v in o.get_states().items() if k.endswith("/master")}
 
 
+def _assert_same_training(m, ref):
+    """m's float16 states within one float16 ulp of ref's, and its optimizer's float32 masters within float32
+    rounding of ref's (two runs of the same float16 training)."""
+    s, s_ref = _states(m), _states(ref)
+    for k in s_ref:
+        assert s[k].dtype == np.float16
+        np.testing.assert_allclose(s[k], s_ref[k], rtol=2 * U16, atol=1e-6, err_msg=k)
+    masters, masters_ref = _master_states(m.optimizer), _master_states(ref.optimizer)
+    assert masters_ref.keys() == masters.keys()
+    assert masters_ref
+    for k in masters_ref:
+        np.testing.assert_allclose(masters[k], masters_ref[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
 # -- float16 models train like float32 ones ----------------------------------------------------------------------------
 
 
 def test_float16_inputs_make_float16_parameters(dev):
-    m = CNN()
+    m = _cnn()
     m.compile([Tensor((2, 1, 8, 8), dev, F16)])
     states = m.get_states()
     assert set(states) == {"conv1.W", "bn1.scale", "bn1.bias", "bn1.running_mean", "bn1.running_var", "conv2.W",
@@ -252,15 +213,7 @@ def test_graph_equals_eager_in_float16(dev, name, sequential):
     assert m_g.graph_summary() is not None
     # The replay runs the eager step's kernels on the same data: equal up to (at most) one float16 ulp.
     np.testing.assert_allclose(l_g, l_e, rtol=2 * U16, atol=0)
-    se, sg = _states(m_e), _states(m_g)
-    for k in se:
-        assert sg[k].dtype == np.float16
-        np.testing.assert_allclose(sg[k], se[k], rtol=2 * U16, atol=1e-6, err_msg=k)
-    me, mg = _master_states(m_e.optimizer), _master_states(m_g.optimizer)
-    assert me.keys() == mg.keys()
-    assert me
-    for k in me:
-        np.testing.assert_allclose(mg[k], me[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    _assert_same_training(m_g, m_e)
     assert int(m_g.optimizer.step_counter.to_numpy()) == len(data)
 
 
@@ -555,15 +508,7 @@ def test_checkpoint_holds_float16_params_and_float32_masters(dev, tmp_path):
         ty.copy_from_numpy(y)
         l_b.append(float(m_b(tx, ty)[1].to_numpy().reshape(-1)[0]))
     np.testing.assert_allclose(np.concatenate([l_a, l_b]), l_full, rtol=2 * U16)
-    sf, sb = _states(m_full), _states(m_b)
-    for k in sf:
-        assert sb[k].dtype == np.float16
-        np.testing.assert_allclose(sb[k], sf[k], rtol=2 * U16, atol=1e-6, err_msg=k)
-    mf, mb = _master_states(m_full.optimizer), _master_states(m_b.optimizer)
-    assert mf.keys() == mb.keys()
-    assert mf
-    for k in mf:
-        np.testing.assert_allclose(mb[k], mf[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    _assert_same_training(m_b, m_full)
 
 
 def test_masters_loaded_before_the_first_step_are_used(dev, tmp_path):

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import conv_ref
 
 from singa import autograd, device, layer, tensor
 
@@ -27,46 +28,7 @@ def randn(*shape) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-@pytest.fixture
-def training():
-    prev = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = prev
-
-
-@pytest.fixture
-def evaluating():
-    prev = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = prev
-
-
 # -- numpy references -------------------------------------------------------------------------------------------------
-
-
-def conv_ref(x, w, b=None, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), group=1) -> np.ndarray:
-    """Direct-loop cross-correlation; pads = (top, left, bottom, right)."""
-    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
-    n, c, _, _ = x.shape
-    k, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    (sh, sw), (dh, dw) = stride, dilation
-    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, k, oh, ow))
-    per_group = k // group
-    for o in range(k):
-        g = o // per_group
-        for i in range(oh):
-            for j in range(ow):
-                patch = xp[:, g * cg:(g + 1) * cg, i * sh:i * sh + dh * (kh - 1) + 1:dh,
-                           j * sw:j * sw + dw * (kw - 1) + 1:dw]
-                out[:, o, i, j] = (patch * w[o]).sum(axis=(1, 2, 3))
-    if b is not None:
-        out += np.asarray(b, np.float64)[None, :, None, None]
-    return out
 
 
 def pool_ref(x, k, s, pads=(0, 0, 0, 0), is_max=True, ceil_mode=False, count_include_pad=True) -> np.ndarray:

@@ -14,6 +14,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from helpers import CNN, MLP
 
 from singa import autograd, device, graph, layer, model, opt, tensor
 from singa.tensor import Tensor
@@ -28,41 +29,7 @@ def dev():
     return device.get_default_device()
 
 
-@pytest.fixture(autouse=True)
-def _restore_training_flag():
-    prev = autograd.training
-    yield
-    autograd.training = prev
-
-
-# -- the seed's Model API example (docs: autograd.md), as printed ------------------------------------------------------
-
-
-class MLP(model.Model):  # the model is a subclass of Model
-
-    def __init__(self, data_size=10, perceptron_size=100, num_classes=10):
-        super(MLP, self).__init__()  # noqa: UP008 - the seed's spelling
-
-        # init the operators, layers and other objects
-        self.relu = layer.ReLU()
-        self.linear1 = layer.Linear(perceptron_size)
-        self.linear2 = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
-
-    def forward(self, inputs):  # define the forward function
-        y = self.linear1(inputs)
-        y = self.relu(y)
-        y = self.linear2(y)
-        return y  # noqa: RET504 - as printed
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-    def set_optimizer(self, optimizer):  # attach an optimizer
-        self.optimizer = optimizer
+# -- the seed's Model API example (docs: autograd.md; its MLP is helpers.MLP), as printed ------------------------------
 
 
 def test_seed_example_runs_as_printed(dev, tmp_path, monkeypatch):
@@ -110,37 +77,7 @@ def test_seed_example_runs_as_printed(dev, tmp_path, monkeypatch):
     assert os.listdir(".") == ["checkpoint.zip"]
 
 
-# -- models for the comparisons ---------------------------------------------------------------------------------------
-
-
-class CNN(model.Model):
-    """conv (no bias) -> batchnorm -> relu -> max pool -> conv -> relu -> avg pool -> dropout -> linear."""
-
-    def __init__(self, channels=8, dropout=0.3, num_classes=5):
-        super().__init__()
-        self.conv1 = layer.Conv2d(channels, 3, padding=1, bias=False)
-        self.bn1 = layer.BatchNorm2d()
-        self.relu = layer.ReLU()
-        self.pool1 = layer.MaxPool2d(2, 2)
-        self.conv2 = layer.Conv2d(channels, 3, padding=1)
-        self.pool2 = layer.AvgPool2d(2, 2)
-        self.flat = layer.Flatten()
-        self.drop = layer.Dropout(dropout) if dropout else None
-        self.fc = layer.Linear(num_classes)
-        self.loss = layer.SoftMaxCrossEntropy()
-
-    def forward(self, x):
-        y = self.pool1(self.relu(self.bn1(self.conv1(x))))
-        y = self.flat(self.pool2(self.relu(self.conv2(y))))
-        if self.drop is not None:
-            y = self.drop(y)
-        return self.fc(y)
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
+# -- data for the comparisons (models: helpers.MLP and helpers.CNN) ---------------------------------------------------
 
 
 def _cnn_data(n, batch=4, size=8, classes=5, seed=0):

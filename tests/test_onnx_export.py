@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import MLP
 
 from singa import autograd, device, layer, model, opt, tensor
 
@@ -19,15 +20,10 @@ frontend = pytest.importorskip("singa_onnx.frontend")
 to_onnx = frontend.to_onnx
 errors = pytest.importorskip("singa_onnx.errors")
 
+from onnx_helpers import EarlierOnnxCNN  # noqa: E402
+
 DEV = device.get_default_device()
 RNG = np.random.default_rng(2024)
-
-
-@pytest.fixture(autouse=True)
-def _restore_training():
-    prev = autograd.training
-    yield
-    autograd.training = prev
 
 
 def T(a, dtype=None, **kw) -> tensor.Tensor:
@@ -607,32 +603,9 @@ def test_seed_mlp_from_raw_operators() -> None:
     np.testing.assert_allclose(ort_run(m2, [data, label])[0], loss.to_numpy(), rtol=1e-5)
 
 
-class MLP(model.Model):
-    """autograd.md's Model example."""
-
-    def __init__(self, perceptron_size=16, num_classes=4):
-        super().__init__()
-        self.relu = layer.ReLU()
-        self.linear1 = layer.Linear(perceptron_size)
-        self.linear2 = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
-
-    def forward(self, inputs):
-        return self.linear2(self.relu(self.linear1(inputs)))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-    def set_optimizer(self, optimizer):
-        self.optimizer = optimizer
-
-
 @pytest.mark.parametrize("use_graph", [False, True], ids=["eager", "graph"])
 def test_seed_mlp_model(use_graph) -> None:
-    m = MLP()
+    m = MLP(perceptron_size=16, num_classes=4)
     m.set_optimizer(opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-5))
     tx = tensor.Tensor((8, 10), DEV, tensor.float32)
     ty = tensor.Tensor((8,), DEV, tensor.int32)
@@ -688,22 +661,7 @@ def test_onnx_seed_export_example(tmp_path) -> None:
     """The earlier ONNX docs' MNIST example: train with raw autograd, then `sonnx.to_onnx([x], [y])` with the last
     batch and its output; onnx.save / onnx.load round trip."""
 
-    class CNN:
-        def __init__(self):
-            self.conv1 = autograd.Conv2d(1, 20, 5, padding=0)
-            self.conv2 = autograd.Conv2d(20, 50, 5, padding=0)
-            self.linear1 = autograd.Linear(4 * 4 * 50, 500, bias=False)
-            self.linear2 = autograd.Linear(500, 10, bias=False)
-            self.pooling1 = autograd.MaxPool2d(2, 2, padding=0)
-            self.pooling2 = autograd.MaxPool2d(2, 2, padding=0)
-
-        def forward(self, x):
-            y = self.pooling1(autograd.relu(self.conv1(x)))
-            y = self.pooling2(autograd.relu(self.conv2(y)))
-            y = autograd.relu(self.linear1(autograd.flatten(y)))
-            return self.linear2(y)
-
-    cnn = CNN()
+    cnn = EarlierOnnxCNN()
     autograd.training = True
     sgd = opt.SGD(lr=0.001)
     for _ in range(2):
@@ -910,7 +868,7 @@ def _cnn_model():
 
 
 def _mlp_model():
-    net = MLP()
+    net = MLP(perceptron_size=16, num_classes=4)
     net.compile([tensor.Tensor((2, 10), DEV)], is_train=False)
     return net.forward, one(rn, 10)
 

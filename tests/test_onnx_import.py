@@ -14,6 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
+from onnx_helpers import EarlierOnnxCNN, SeedSONNXModel, sgd_step  # noqa: E402
 
 from singa import (  # noqa: E402
     autograd,
@@ -74,12 +75,8 @@ def dev():
 
 
 @pytest.fixture(autouse=True)
-def _inference_by_default():
-    """Every test starts with autograd off (as a script does) and leaves it as it found it."""
-    prev = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = prev
+def _inference_by_default(evaluating):
+    """Every test starts with autograd off (as a script does) and leaves it as it found it (conftest.py)."""
 
 
 # -- prepare / run ------------------------------------------------------------------------------------------------
@@ -367,7 +364,7 @@ def test_checkpoint_round_trip(dev, tmp_path):
 # -- the seed's examples (docs: "ONNX"), as written apart from device creation and data -----------------------------
 
 
-class MyModel(sonnx.SONNXModel):
+class MyModel(SeedSONNXModel):  # train_one_batch and set_optimizer: onnx_helpers.SeedSONNXModel
     def __init__(self, onnx_model):
         super().__init__(onnx_model)
 
@@ -375,18 +372,8 @@ class MyModel(sonnx.SONNXModel):
         y = super().forward(*x)
         return y[0]
 
-    def train_one_batch(self, x, y, dist_option, spars):
-        out = self.forward(x)
-        loss = autograd.softmax_cross_entropy(out, y)
-        if dist_option == "fp32":
-            self.optimizer.backward_and_update(loss)
-        return out, loss
 
-    def set_optimizer(self, optimizer):
-        self.optimizer = optimizer
-
-
-class TransferModel(sonnx.SONNXModel):
+class TransferModel(SeedSONNXModel):
     def __init__(self, onnx_model):
         super().__init__(onnx_model)
         self.linear = layer.Linear(1000, 3)
@@ -396,16 +383,6 @@ class TransferModel(sonnx.SONNXModel):
         y = super().forward(*x, last_layers=-3)[0]
         y = self.linear(y)
         return y  # noqa: RET504 - the seed's code as written
-
-    def train_one_batch(self, x, y, dist_option, spars):
-        out = self.forward(x)
-        loss = autograd.softmax_cross_entropy(out, y)
-        if dist_option == "fp32":
-            self.optimizer.backward_and_update(loss)
-        return out, loss
-
-    def set_optimizer(self, optimizer):
-        self.optimizer = optimizer
 
 
 def test_seed_inference_with_graph(dev):
@@ -450,42 +427,16 @@ def test_seed_earlier_api_full_example(dev):
     if not hasattr(sonnx, "to_onnx"):
         pytest.skip("export (singa_onnx.frontend) is not installed")
 
-    class CNN:
-        def __init__(self):
-            self.conv1 = autograd.Conv2d(1, 20, 5, padding=0)
-            self.conv2 = autograd.Conv2d(20, 50, 5, padding=0)
-            self.linear1 = autograd.Linear(4 * 4 * 50, 500, bias=False)
-            self.linear2 = autograd.Linear(500, 10, bias=False)
-            self.pooling1 = autograd.MaxPool2d(2, 2, padding=0)
-            self.pooling2 = autograd.MaxPool2d(2, 2, padding=0)
-
-        def forward(self, x):
-            y = self.conv1(x)
-            y = autograd.relu(y)
-            y = self.pooling1(y)
-            y = self.conv2(y)
-            y = autograd.relu(y)
-            y = self.pooling2(y)
-            y = autograd.flatten(y)
-            y = self.linear1(y)
-            y = autograd.relu(y)
-            y = self.linear2(y)
-            return y  # noqa: RET504 - the seed's code as written
-
     train_x = RNG.random((16, 1, 28, 28)).astype(np.float32)
     train_y = np.eye(10, dtype=np.float32)[RNG.integers(0, 10, 16)]
-    cnn_ = CNN()
+    cnn_ = EarlierOnnxCNN()
     prev = autograd.training
     try:
         autograd.training = True
         x = tensor.Tensor(device=dev, data=train_x)
         target = tensor.Tensor(device=dev, data=train_y)
         y = cnn_.forward(x)
-        loss = autograd.softmax_cross_entropy(y, target)
-        sgd = opt.SGD(lr=0.001)
-        for p, gp in autograd.backward(loss):
-            sgd.update(p, gp)
-        sgd.step()
+        sgd_step(y, target, 0.001)
         onnx_model = sonnx.to_onnx([x], [y])
 
         sg_ir = sonnx.prepare(onnx_model, device=dev)
@@ -509,12 +460,7 @@ def test_seed_earlier_api_full_example(dev):
         autograd.training = True
         before = {k: tensor.to_numpy(v).copy() for k, v in sg_ir.tensor_map.items()}
         for _ in range(2):
-            out = infer.forward(x)
-            loss = autograd.softmax_cross_entropy(out, target)
-            sgd = opt.SGD(lr=0.01)
-            for p, gp in autograd.backward(loss):
-                sgd.update(p, gp)
-            sgd.step()
+            sgd_step(infer.forward(x), target, 0.01)
         assert all(not np.array_equal(before[k], tensor.to_numpy(v)) for k, v in sg_ir.tensor_map.items())
 
         # transfer learning: -1 keeps the whole model, so the 500-feature layer is reached with -2 (SINGA's own
@@ -538,14 +484,7 @@ def test_seed_earlier_api_full_example(dev):
                 return y  # noqa: RET504 - the seed's code as written
 
         trans = Trans(sg_ir, -2)
-        out = trans.forward(x)
-        loss = autograd.softmax_cross_entropy(out, target)
-        sgd = opt.SGD(lr=0.07)
-        n = 0
-        for p, gp in autograd.backward(loss):
-            sgd.update(p, gp)
-            n += 1
-        sgd.step()
+        n = sgd_step(trans.forward(x), target, 0.07)
         assert n == len(sg_ir.tensor_map) - 1 + 3  # linear2.W is cut off
     finally:
         autograd.training = prev

@@ -14,6 +14,7 @@ import random
 
 import numpy as np
 import pytest
+from helpers import conv_ref
 
 from singa import device, dtypes, ops, tensor
 from singa.backend import Device
@@ -1336,24 +1337,12 @@ def test_softmax_cross_entropy(kind):
     check(ops.softmax_cross_entropy_backward(1.0, T(x), t), np.exp(logp) * dist.sum(1, keepdims=True) - dist, F32)
 
 
-def _conv_ref(x, w, b, stride, pads, dilation, groups):
-    N_, C, H, W = x.shape
-    K, Cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oh = (H + pads[0] + pads[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (W + pads[1] + pads[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    y = np.zeros((N_, K, oh, ow))
-    Kg = K // groups
-    for k in range(K):
-        g = k // Kg
-        for i in range(oh):
-            for j in range(ow):
-                patch = xp[:, g * Cg:(g + 1) * Cg, i * stride[0]:i * stride[0] + dilation[0] * (kh - 1) + 1:dilation[0],
-                           j * stride[1]:j * stride[1] + dilation[1] * (kw - 1) + 1:dilation[1]]
-                y[:, k, i, j] = (patch * w[k]).sum(axis=(1, 2, 3))
-    if b is not None:
-        y += b[None, :, None, None]
-    return y
+def _dot_central_difference(f, a, i, dy, eps):
+    """<dy, df/da[i]> by a central difference: ((f(a + eps e_i) - f(a - eps e_i)) * dy).sum() / (2 eps)."""
+    ap, am = a.copy(), a.copy()
+    ap[i] += eps
+    am[i] -= eps
+    return ((f(ap) - f(am)) * dy).sum() / (2 * eps)
 
 
 CONV_CASES = [
@@ -1373,7 +1362,7 @@ def test_conv2d_and_gradients(case):
     b = values((ws[0],), F32, -1, 1, seed=69).astype(np.float64) if bias else None
     st = ops._pair("t", stride, "s", 1)
     dl = ops._pair("t", dilation, "d", 1)
-    want = _conv_ref(x, w, b, st, pads, dl, groups)
+    want = conv_ref(x, w, b, st, pads, dl, groups)
     tx, tw = layout(x.astype(np.float32), "offset"), T(w.astype(np.float32))
     tb = T(b.astype(np.float32)) if bias else None
     y = ops.conv2d(tx, tw, tb, stride, padding, dl, groups)
@@ -1388,18 +1377,10 @@ def test_conv2d_and_gradients(case):
     gen = rng(71)
     for _ in range(3):
         i = tuple(gen.integers(0, s) for s in xs)
-        xp, xm = x.copy(), x.copy()
-        xp[i] += eps
-        xm[i] -= eps
-        num = ((_conv_ref(xp, w, None, st, pads, dl, groups) - _conv_ref(xm, w, None, st, pads, dl, groups)) * dy
-               ).sum() / (2 * eps)
+        num = _dot_central_difference(lambda v: conv_ref(v, w, None, st, pads, dl, groups), x, i, dy, eps)
         assert N(dx)[i] == pytest.approx(num, rel=1e-4, abs=1e-4)
         j = tuple(gen.integers(0, s) for s in ws)
-        wp, wm = w.copy(), w.copy()
-        wp[j] += eps
-        wm[j] -= eps
-        num = ((_conv_ref(x, wp, None, st, pads, dl, groups) - _conv_ref(x, wm, None, st, pads, dl, groups)) * dy
-               ).sum() / (2 * eps)
+        num = _dot_central_difference(lambda v: conv_ref(x, v, None, st, pads, dl, groups), w, j, dy, eps)
         assert N(dw)[j] == pytest.approx(num, rel=1e-4, abs=1e-4)
 
 
