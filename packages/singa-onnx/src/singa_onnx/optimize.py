@@ -6,7 +6,8 @@
   once here, with the same handler a run would use, and its outputs become constants (`Unsqueeze` of a weight,
   `ConstantOfShape`, shape arithmetic ...). Random operators and nodes with subgraphs are left alone;
 * BatchNormalization in inference mode after a Conv whose output it alone reads: folded into the convolution's
-  weights and bias (W * s, (b - mean) * s + beta with s = gamma / sqrt(var + eps), computed in float64);
+  weights and bias (W * s and (b - mean) * s + beta, with s = gamma / sqrt(var + eps) and the bias in float64, the
+  weights multiplied in float32);
 * a per-channel constant Mul / Add after such a Conv (the scale-and-shift some exporters write after BatchNormalization)
   folds into its weights and bias the same way; after a BatchNormalization that is not folded, into its scale and
   bias.
@@ -256,7 +257,7 @@ class _Folder:
         if ss is None:
             return None
         s, t = ss
-        w2 = (w.astype(np.float64) * s.reshape((k,) + (1,) * (w.ndim - 1))).astype(np.float32)
+        w2 = w * s.astype(np.float32).reshape((k,) + (1,) * (w.ndim - 1))  # float32, as a run would multiply
         b2 = (b.reshape(k).astype(np.float64) * s + t).astype(np.float32)
         wn, bn = self._new_name(f"{conv.inputs[1]}:folded"), self._new_name(f"{bias_name or conv.name}:folded_bias")
         self.values[wn], self.values[bn] = w2, b2
