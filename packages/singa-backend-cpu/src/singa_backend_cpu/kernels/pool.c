@@ -45,15 +45,97 @@ static int taps_open(taps *t, int64_t out_len, int64_t len, int64_t k, int64_t s
     return SG_OK;
 }
 
-static int open_taps(const pgeom *q, taps *tr, taps *tc) {
-    tc->lo = NULL;
-    if (taps_open(tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh)) return SG_ENOMEM;
-    if (taps_open(tc, q->OW, q->W, q->kw, q->sw, q->pl, q->pr, q->dw)) {
-        free(tr->lo);
+/* Everything a call needs about its windows, computed once: the per-axis taps, and along the width the output columns
+ * [A, B) whose every tap lies inside [0, W) (the interior, where the row kernels of pool_real.h run over contiguous
+ * output columns with no bounds checks), `tap_off[i * kw + j]` = i * dh * W + j * dw (tap (i, j)'s offset from its
+ * window's corner) and the output columns [ja[j], jb[j]) whose tap j lies inside [0, W). */
+typedef struct {
+    taps tr, tc;
+    int64_t A, B, *tap_off, *ja, *jb;
+    int vec;        /* interior wide enough for the row kernels; else every window is scanned on its own */
+    int64_t RA, RB; /* output rows whose every tap row lies inside [0, H) */
+    int flat;       /* stride 1 and OW == W: the interior rows are one run for the row kernels (pool_real.h) */
+} pplan;
+
+/* Interior columns below which the row kernels' per-tap loop set-up costs more than they save. */
+#define POOL_VEC_MIN 4
+/* Outputs per pass of the row kernels over a flat run (pool_real.h): their scratch stays in the L1 cache. */
+#define POOL_FLAT_CHUNK 1024
+
+static void plan_free(pplan *p) {
+    free(p->tr.lo);
+    free(p->tc.lo);
+    free(p->tap_off);
+}
+
+static int plan_open(const pgeom *q, pplan *p) {
+    p->tr.lo = p->tc.lo = NULL;
+    p->tap_off = (int64_t *)malloc((size_t)(q->kh * q->kw + 2 * q->kw + 1) * sizeof(int64_t));
+    if (!p->tap_off || taps_open(&p->tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh) ||
+        taps_open(&p->tc, q->OW, q->W, q->kw, q->sw, q->pl, q->pr, q->dw)) {
+        plan_free(p);
         return SG_ENOMEM;
     }
+    p->ja = p->tap_off + q->kh * q->kw;
+    p->jb = p->ja + q->kw;
+    for (int64_t i = 0; i < q->kh; i++)
+        for (int64_t j = 0; j < q->kw; j++) p->tap_off[i * q->kw + j] = i * q->dh * q->W + j * q->dw;
+    p->A = 0;
+    p->B = q->OW;
+    for (int64_t j = 0; j < q->kw; j++) { /* tap j's column increases with ow: its inside columns are one run */
+        int64_t a = -1, b = -1;
+        for (int64_t ow = 0; ow < q->OW; ow++) {
+            const int64_t w = ow * q->sw - q->pl + j * q->dw;
+            if (w >= 0 && w < q->W) {
+                if (a < 0) a = ow;
+                b = ow + 1;
+            }
+        }
+        p->ja[j] = a < 0 ? 0 : a;
+        p->jb[j] = a < 0 ? 0 : b;
+        p->A = sg_max64(p->A, p->ja[j]);
+        p->B = sg_min64(p->B, p->jb[j]);
+    }
+    if (p->B < p->A) p->B = p->A;
+    /* the interior's tap numbers must fit the row kernels' index type (int32 for float32) */
+    p->vec = p->B - p->A >= POOL_VEC_MIN && q->kh * q->kw < INT32_MAX;
+    p->RA = 0;
+    p->RB = -1;
+    for (int64_t oh = 0; oh < q->OH; oh++) /* one run, as the interior columns */
+        if (p->tr.lo[oh] == 0 && p->tr.hi[oh] == q->kh) {
+            if (p->RB < 0) p->RA = oh;
+            p->RB = oh + 1;
+        }
+    if (p->RB < p->RA) p->RB = p->RA;
+    p->flat = p->vec && q->sh == 1 && q->sw == 1 && q->OW == q->W && p->RB - p->RA >= 2;
     return SG_OK;
 }
+
+/* Tap numbers the max row kernels keep per output column: as wide as the data, so that a vector of them and one of
+ * values have the same number of lanes. */
+typedef int32_t ptap_f32;
+typedef int64_t ptap_f64;
+/* The bits of a value, for selects the compiler keeps free of branches. */
+typedef uint32_t pbits_f32;
+typedef uint64_t pbits_f64;
+
+/* Row kernels are written for a stride SW; these instantiate them for strides 1 and 2 as constants, so that the
+ * compiler vectorises the strided loads, and for any other stride as a variable. */
+#define POOL_BY_STRIDE(sw, CALL)   \
+    do {                           \
+        if ((sw) == 1) {           \
+            const int64_t SW = 1;  \
+            CALL;                  \
+        } else if ((sw) == 2) {    \
+            const int64_t SW = 2;  \
+            CALL;                  \
+        } else {                   \
+            const int64_t SW = sw; \
+            CALL;                  \
+        }                          \
+    } while (0)
+
+#define POOL_INLINE static inline __attribute__((always_inline))
 
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"
@@ -67,11 +149,11 @@ int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t
     if (mode != POOL_MAX && mode != POOL_AVG) return SG_EVALUE;
     const int64_t isz = sg_itemsize(dtype), ny = q.N * q.C * q.OH * q.OW;
     if (ny == 0) return SG_OK;
-    taps tr, tc;
-    if (open_taps(&q, &tr, &tc)) return SG_ENOMEM;
+    pplan pl;
+    if (plan_open(&q, &pl)) return SG_ENOMEM;
     int64_t *ip = idx ? (int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
-        pool_forward_f64(&q, mode, count_include_pad, (const double *)x + xo, (double *)y + yo, ip, &tr, &tc);
+        err = pool_forward_f64(&q, mode, count_include_pad, (const double *)x + xo, (double *)y + yo, ip, &pl);
     } else {
         int ox;
         float *fx = sg_as_f32(x + xo * isz, dtype, q.N * q.C * q.H * q.W, &ox);
@@ -79,15 +161,14 @@ int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t
         if (!fx || !fy)
             err = SG_ENOMEM;
         else
-            pool_forward_f32(&q, mode, count_include_pad, fx, fy, ip, &tr, &tc);
+            err = pool_forward_f32(&q, mode, count_include_pad, fx, fy, ip, &pl);
         if (dtype == SG_F16 && fy) {
             if (!err) sg_f2h(fy, (sg_half *)(y + yo * isz), ny);
             free(fy);
         }
         if (ox) free(fx);
     }
-    free(tr.lo);
-    free(tc.lo);
+    plan_free(&pl);
     return err;
 }
 
@@ -102,12 +183,12 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
     if (nx == 0) return SG_OK;
     const int need_x = mode == POOL_MAX && !idx;
     if (need_x && !x) return SG_EVALUE;
-    taps tr, tc;
-    if (open_taps(&q, &tr, &tc)) return SG_ENOMEM;
+    pplan pl;
+    if (plan_open(&q, &pl)) return SG_ENOMEM;
     const int64_t *ip = idx ? (const int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
-        pool_backward_f64(&q, mode, count_include_pad, (const double *)dy + dyo, need_x ? (const double *)x + xo : NULL,
-                          ip, (double *)dx + dxo, &tr, &tc);
+        err = pool_backward_f64(&q, mode, count_include_pad, (const double *)dy + dyo,
+                                need_x ? (const double *)x + xo : NULL, ip, (double *)dx + dxo, &pl);
     } else {
         int ody, ox = 0;
         float *fdy = sg_as_f32(dy + dyo * isz, dtype, q.N * q.C * q.OH * q.OW, &ody);
@@ -116,7 +197,7 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
         if (!fdy || (need_x && !fx) || !fdx)
             err = SG_ENOMEM;
         else
-            pool_backward_f32(&q, mode, count_include_pad, fdy, fx, ip, fdx, &tr, &tc);
+            err = pool_backward_f32(&q, mode, count_include_pad, fdy, fx, ip, fdx, &pl);
         if (dtype == SG_F16 && fdx) {
             if (!err) sg_f2h(fdx, (sg_half *)(dx + dxo * isz), nx);
             free(fdx);
@@ -124,7 +205,6 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
         if (ody) free(fdy);
         if (ox) free(fx);
     }
-    free(tr.lo);
-    free(tc.lo);
+    plan_free(&pl);
     return err;
 }

@@ -1,96 +1,360 @@
-/* Pooling kernels on sg_real planes (instantiated by pool.c, see real.h). */
+/* Pooling kernels on sg_real planes (instantiated by pool.c, see real.h).
+ *
+ * The forward kernels split a plane's outputs by how many of their window's taps lie inside the input. Output rows
+ * [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle have
+ * all their taps inside: for each tap (i, j), in the window's scan order, the row kernels (max_taps, sum_taps) run one
+ * loop over many outputs at once, without bounds checks, which the compiler vectorises: along an output row (input
+ * strided by the stride), or along the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of
+ * those rows each run down the rows (input strided by sh * W) over their inside taps, the same kernels again; only the
+ * few rows above RA and below RB scan their edge windows one by one. Every path visits a window's taps in the same
+ * order, so an output does not depend on which path computed it. */
 
-static void SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
-                               const taps *tr, const taps *tc) {
-    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, W = q->W;
-    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 14);
-#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
-    for (int64_t p = 0; p < planes; p++) {
-        const sg_real *xp = x + p * q->H * W;
-        sg_real *yp = y + p * ohw;
-        int64_t *ip = idx ? idx + p * ohw : NULL;
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            const int64_t i0 = tr->lo[oh], i1 = tr->hi[oh], hbase = oh * q->sh - q->pt;
-            for (int64_t ow = 0; ow < q->OW; ow++) {
-                const int64_t j0 = tc->lo[ow], j1 = tc->hi[ow], wbase = ow * q->sw - q->pl, o = oh * q->OW + ow;
-                if (mode == POOL_MAX) {
-                    sg_real best = 0;
-                    int64_t bi = -1;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const int64_t row = (hbase + i * q->dh) * W;
-                        for (int64_t j = j0; j < j1; j++) {
-                            const int64_t at = row + wbase + j * q->dw;
-                            const sg_real v = xp[at];
-                            /* first maximum wins; a NaN beats everything and the first NaN stays. Written as
-                             * selects: on real data the comparison is a coin toss, and a branch mispredicts */
-                            const int take = (bi < 0) | (v > best) | ((v != v) & (best == best));
-                            best = take ? v : best;
-                            bi = take ? at : bi;
-                        }
-                    }
-                    yp[o] = bi < 0 ? 0 : best;
-                    if (ip) ip[o] = bi;
-                } else {
-                    double sum = 0.0;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const sg_real *row = xp + (hbase + i * q->dh) * W + wbase;
-                        for (int64_t j = j0; j < j1; j++) sum += row[j * q->dw];
-                    }
-                    const int64_t inside = (i1 - i0) * (j1 - j0);
-                    const int64_t div = cip ? tr->padded[oh] * tc->padded[ow] : inside;
-                    yp[o] = inside == 0 ? 0 : (sg_real)(sum / (double)div);
-                    if (ip) ip[o] = -1; /* average windows have no winner */
+/* Max of one window, taps [i0, i1) x [j0, j1) in scan order: the first maximum wins; a NaN beats everything and the
+ * first NaN stays. *at gets the winner's flat index in the plane, -1 (and *best 0) for a window with no tap inside. */
+static inline void SG_R(max_window)(const pgeom *q, const sg_real *xp, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                                    int64_t hbase, int64_t wbase, sg_real *best_out, int64_t *at_out) {
+    sg_real best = 0;
+    SG_R(pbits) bits = 0;
+    int64_t bi = -1;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t row = (hbase + i * q->dh) * q->W;
+        for (int64_t j = j0; j < j1; j++) {
+            const int64_t at = row + wbase + j * q->dw;
+            const sg_real v = xp[at];
+            SG_R(pbits) vbits;
+            memcpy(&vbits, &v, sizeof v);
+            /* selects of integers, which compile to conditional moves: on real data the comparison is a coin toss,
+             * and a branch (what a select of floats becomes) mispredicts */
+            const int take = (bi < 0) | (v > best) | ((v != v) & (best == best));
+            bits = take ? vbits : bits;
+            bi = take ? at : bi;
+            memcpy(&best, &bits, sizeof best);
+        }
+    }
+    *best_out = bi < 0 ? 0 : best;
+    *at_out = bi;
+}
+
+/* The same rule as max_window for n outputs at once, taps [i0, i1) x [j0, j1) in scan order: tap (i, j) of output o
+ * reads base[(i - i0) * di + (j - j0) * dj + o * SW]. y[o] gets the maximum and, when t is given, t[o] the winning
+ * tap's number i * kw + j. `take` is true when v is larger than the best so far, or v is a NaN and the best is not:
+ * !(v <= b) holds for v > b and for an unordered pair, (b == b) rules out a NaN best. */
+POOL_INLINE void SG_R(max_taps)(const sg_real *base, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t kw,
+                                int64_t di, int64_t dj, int64_t n, sg_real *restrict y, SG_R(ptap) *restrict t,
+                                const int64_t SW) {
+    for (int64_t i = i0; i < i1; i++) {
+        for (int64_t j = j0; j < j1; j++) {
+            const sg_real *restrict s = base + (i - i0) * di + (j - j0) * dj;
+            const SG_R(ptap) tt = (SG_R(ptap))(i * kw + j);
+            if (i == i0 && j == j0) {
+                for (int64_t o = 0; o < n; o++) y[o] = s[o * SW];
+                if (t)
+                    for (int64_t o = 0; o < n; o++) t[o] = tt;
+            } else if (t) {
+                for (int64_t o = 0; o < n; o++) {
+                    const sg_real v = s[o * SW], b = y[o];
+                    const int take = !(v <= b) & (b == b);
+                    y[o] = take ? v : b;
+                    t[o] = take ? tt : t[o];
+                }
+            } else {
+                for (int64_t o = 0; o < n; o++) {
+                    const sg_real v = s[o * SW], b = y[o];
+                    y[o] = !(v <= b) & (b == b) ? v : b;
                 }
             }
         }
     }
 }
 
-static void SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real *dy, const sg_real *x,
-                                const int64_t *idx, sg_real *dx, const taps *tr, const taps *tc) {
-    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W;
-    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 14);
-#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
-    for (int64_t p = 0; p < planes; p++) {
-        sg_real *dxp = dx + p * hw;
-        const sg_real *dyp = dy + p * ohw;
-        memset(dxp, 0, (size_t)hw * sizeof(sg_real));
-        if (mode == POOL_MAX && idx) { /* scatter to the forward's winners */
-            const int64_t *ip = idx + p * ohw;
-            for (int64_t o = 0; o < ohw; o++) {
-                const int64_t at = ip[o];
-                if (at >= 0 && at < hw) dxp[at] += dyp[o];
-            }
+/* Sums in double of n windows, addressed as in max_taps, taps in scan order (as every path's sums). */
+POOL_INLINE void SG_R(sum_taps)(const sg_real *base, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t di,
+                                int64_t dj, int64_t n, double *restrict acc, const int64_t SW) {
+    for (int64_t o = 0; o < n; o++) acc[o] = 0.0;
+    for (int64_t i = i0; i < i1; i++) {
+        for (int64_t j = j0; j < j1; j++) {
+            const sg_real *restrict s = base + (i - i0) * di + (j - j0) * dj;
+            for (int64_t o = 0; o < n; o++) acc[o] += (double)s[o * SW];
+        }
+    }
+}
+
+/* Scratch of one thread for the forward kernels: POOL_FLAT_CHUNK or more entries of each. */
+typedef struct {
+    SG_R(ptap) *t;
+    sg_real *vals;
+    double *acc;
+} SG_R(pscratch);
+
+/* Whether the interior rows [RA, RB) go through the row kernels (the rest, one window at a time). */
+static inline int SG_R(pool_runs)(const pplan *P) { return P->RB - P->RA >= POOL_VEC_MIN; }
+
+/* Max of output row oh: the windows one by one, then the interior columns [A, B) through the row kernels. */
+static void SG_R(max_row)(const pgeom *q, const pplan *P, const sg_real *xp, int64_t oh, sg_real *yr, int64_t *ir,
+                          SG_R(ptap) *t) {
+    const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+    const int vec = P->vec && i0 < i1;
+    for (int64_t ow = 0; ow < q->OW; ow++) {
+        if (vec && ow == P->A) ow = P->B;
+        if (ow >= q->OW) break;
+        int64_t at;
+        SG_R(max_window)(q, xp, i0, i1, P->tc.lo[ow], P->tc.hi[ow], hbase, ow * q->sw - q->pl, yr + ow, &at);
+        if (ir) ir[ow] = at;
+    }
+    if (!vec) return;
+    const int64_t A = P->A, n = P->B - A, corner = hbase * q->W + A * q->sw - q->pl;
+    SG_R(ptap) *tv = ir ? t : NULL;
+    POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner + i0 * q->dh * q->W, i0, i1, 0, q->kw, q->kw, q->dh * q->W,
+                                         q->dw, n, yr + A, tv, SW));
+    if (ir)
+        for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + P->tap_off[t[o]];
+}
+
+/* Max of column ow over the interior rows, as one run down the rows. */
+static void SG_R(max_column)(const pgeom *q, const pplan *P, const sg_real *xp, int64_t ow, sg_real *yp, int64_t *ip,
+                             const SG_R(pscratch) *S) {
+    const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], OW = q->OW, RA = P->RA, n = P->RB - RA;
+    if (j0 >= j1) { /* no tap column inside: empty windows */
+        for (int64_t o = 0; o < n; o++) {
+            yp[(RA + o) * OW + ow] = 0;
+            if (ip) ip[(RA + o) * OW + ow] = -1;
+        }
+        return;
+    }
+    const int64_t step = q->sh * q->W, corner = (RA * q->sh - q->pt) * q->W + ow * q->sw - q->pl;
+    SG_R(max_taps)(xp + corner + j0 * q->dw, 0, q->kh, j0, j1, q->kw, q->dh * q->W, q->dw, n, S->vals,
+                   ip ? S->t : NULL, step);
+    for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = S->vals[o];
+    if (ip)
+        for (int64_t o = 0; o < n; o++) ip[(RA + o) * OW + ow] = corner + o * step + P->tap_off[S->t[o]];
+}
+
+/* Max pooling of one plane. Flat: the window of output o = oh * W + ow has its corner at input o + corner, so the
+ * interior rectangle is one run from (RA, A) to (RB - 1, B - 1), taken in chunks of POOL_FLAT_CHUNK outputs; its edge
+ * columns there read the neighbouring rows' elements, and are computed again by the column runs afterwards. */
+static void SG_R(max_plane)(const pgeom *q, const pplan *P, const sg_real *xp, sg_real *yp, int64_t *ip,
+                            const SG_R(pscratch) *S) {
+    const int64_t OW = q->OW, runs = SG_R(pool_runs)(P);
+    for (int64_t oh = 0; oh < q->OH; oh++)
+        if (!runs || oh < P->RA || oh >= P->RB)
+            SG_R(max_row)(q, P, xp, oh, yp + oh * OW, ip ? ip + oh * OW : NULL, S->t);
+    if (!runs) return;
+    if (P->flat) {
+        const int64_t o0 = P->RA * OW + P->A, o1 = (P->RB - 1) * OW + P->B, corner = -q->pt * q->W - q->pl;
+        for (int64_t s = o0; s < o1; s += POOL_FLAT_CHUNK) {
+            const int64_t n = sg_min64(POOL_FLAT_CHUNK, o1 - s);
+            SG_R(max_taps)(xp + s + corner, 0, q->kh, 0, q->kw, q->kw, q->dh * q->W, q->dw, n, yp + s,
+                           ip ? S->t : NULL, 1);
+            if (ip)
+                for (int64_t o = 0; o < n; o++) ip[s + o] = s + o + corner + P->tap_off[S->t[o]];
+        }
+    } else if (P->vec) {
+        const int64_t A = P->A, n = P->B - A;
+        for (int64_t oh = P->RA; oh < P->RB; oh++) {
+            const int64_t corner = (oh * q->sh - q->pt) * q->W + A * q->sw - q->pl;
+            int64_t *ir = ip ? ip + oh * OW : NULL;
+            POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner, 0, q->kh, 0, q->kw, q->kw, q->dh * q->W, q->dw, n,
+                                                 yp + oh * OW + A, ir ? S->t : NULL, SW));
+            if (ir)
+                for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + P->tap_off[S->t[o]];
+        }
+    }
+    for (int64_t ow = 0; ow < OW; ow++) {
+        if (P->vec && ow == P->A) ow = P->B;
+        if (ow >= OW) break;
+        SG_R(max_column)(q, P, xp, ow, yp, ip, S);
+    }
+}
+
+/* Average of output row oh: the windows one by one, then the interior columns through the row kernels. Interior
+ * windows have all kw columns inside the input, hence inside the padding: their divisor is the row's. */
+static void SG_R(avg_row)(const pgeom *q, const pplan *P, int cip, const sg_real *xp, int64_t oh, sg_real *yr,
+                          double *acc) {
+    const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+    const int vec = P->vec && i0 < i1;
+    for (int64_t ow = 0; ow < q->OW; ow++) {
+        if (vec && ow == P->A) ow = P->B;
+        if (ow >= q->OW) break;
+        const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], wbase = ow * q->sw - q->pl;
+        double sum = 0.0;
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t at = (hbase + i * q->dh) * q->W + wbase;
+            for (int64_t j = j0; j < j1; j++) sum += xp[at + j * q->dw];
+        }
+        const int64_t inside = (i1 - i0) * (j1 - j0);
+        const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+        yr[ow] = inside == 0 ? 0 : (sg_real)(sum / (double)div);
+    }
+    if (!vec) return;
+    const int64_t A = P->A, n = P->B - A, first = (hbase + i0 * q->dh) * q->W + A * q->sw - q->pl;
+    POOL_BY_STRIDE(q->sw, SG_R(sum_taps)(xp + first, i0, i1, 0, q->kw, q->dh * q->W, q->dw, n, acc, SW));
+    const double div = (double)((cip ? P->tr.padded[oh] : i1 - i0) * q->kw);
+    for (int64_t o = 0; o < n; o++) yr[A + o] = (sg_real)(acc[o] / div);
+}
+
+/* Average pooling of one plane, laid out as max_plane's. The interior rows have all kh rows inside the input (and the
+ * padding): a window's divisor is kh times its column's. */
+static void SG_R(avg_plane)(const pgeom *q, const pplan *P, int cip, const sg_real *xp, sg_real *yp,
+                            const SG_R(pscratch) *S) {
+    const int64_t OW = q->OW, runs = SG_R(pool_runs)(P), kh = q->kh;
+    double *acc = S->acc;
+    for (int64_t oh = 0; oh < q->OH; oh++)
+        if (!runs || oh < P->RA || oh >= P->RB) SG_R(avg_row)(q, P, cip, xp, oh, yp + oh * OW, acc);
+    if (!runs) return;
+    const double div = (double)(kh * q->kw);
+    if (P->flat) {
+        const int64_t o0 = P->RA * OW + P->A, o1 = (P->RB - 1) * OW + P->B, corner = -q->pt * q->W - q->pl;
+        for (int64_t s = o0; s < o1; s += POOL_FLAT_CHUNK) {
+            const int64_t n = sg_min64(POOL_FLAT_CHUNK, o1 - s);
+            SG_R(sum_taps)(xp + s + corner, 0, kh, 0, q->kw, q->dh * q->W, q->dw, n, acc, 1);
+            for (int64_t o = 0; o < n; o++) yp[s + o] = (sg_real)(acc[o] / div);
+        }
+    } else if (P->vec) {
+        const int64_t A = P->A, n = P->B - A;
+        for (int64_t oh = P->RA; oh < P->RB; oh++) {
+            const int64_t corner = (oh * q->sh - q->pt) * q->W + A * q->sw - q->pl;
+            POOL_BY_STRIDE(q->sw, SG_R(sum_taps)(xp + corner, 0, kh, 0, q->kw, q->dh * q->W, q->dw, n, acc, SW));
+            sg_real *yr = yp + oh * OW + A;
+            for (int64_t o = 0; o < n; o++) yr[o] = (sg_real)(acc[o] / div);
+        }
+    }
+    const int64_t RA = P->RA, n = P->RB - RA, step = q->sh * q->W;
+    for (int64_t ow = 0; ow < OW; ow++) {
+        if (P->vec && ow == P->A) ow = P->B;
+        if (ow >= OW) break;
+        const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow];
+        if (j0 >= j1) {
+            for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = 0;
             continue;
         }
-        const sg_real *xp = x ? x + p * hw : NULL;
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            const int64_t i0 = tr->lo[oh], i1 = tr->hi[oh], hbase = oh * q->sh - q->pt;
-            for (int64_t ow = 0; ow < q->OW; ow++) {
-                const int64_t j0 = tc->lo[ow], j1 = tc->hi[ow], wbase = ow * q->sw - q->pl;
-                const sg_real g = dyp[oh * q->OW + ow];
-                if (mode == POOL_MAX) { /* no indices: find the winner again */
-                    sg_real best = 0;
-                    int64_t bi = -1;
-                    for (int64_t i = i0; i < i1; i++)
-                        for (int64_t j = j0; j < j1; j++) {
-                            const int64_t at = (hbase + i * q->dh) * W + wbase + j * q->dw;
-                            const sg_real v = xp[at];
-                            const int take = (bi < 0) | (v > best) | ((v != v) & (best == best));
-                            best = take ? v : best;
-                            bi = take ? at : bi;
+        const int64_t corner = (RA * q->sh - q->pt) * q->W + ow * q->sw - q->pl;
+        SG_R(sum_taps)(xp + corner + j0 * q->dw, 0, kh, j0, j1, q->dh * q->W, q->dw, n, acc, step);
+        const double d = (double)(kh * (cip ? P->tc.padded[ow] : j1 - j0));
+        for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = (sg_real)(acc[o] / d);
+    }
+}
+
+/* Planes per dynamically scheduled chunk: about 8 chunks a thread, so that a descheduled thread does not hold up the
+ * rest (a plane's results do not depend on the thread computing it). */
+static inline int64_t SG_R(pool_chunk)(int64_t planes, int T) {
+    const int64_t c = planes / (8 * (int64_t)T);
+    return c < 1 ? 1 : c;
+}
+
+static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
+                              const pplan *P) {
+    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
+    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
+    const int64_t chunk = SG_R(pool_chunk)(planes, T);
+    /* each thread's scratch: L tap numbers, values and doubles */
+    const int64_t L = sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK);
+    const size_t per = (size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double));
+    char *scratch = (char *)malloc((size_t)T * per);
+    if (!scratch) return SG_ENOMEM;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        char *mine = scratch + (size_t)omp_get_thread_num() * per;
+        SG_R(pscratch) S;
+        S.acc = (double *)mine;
+        S.t = (SG_R(ptap) *)(mine + (size_t)L * sizeof(double));
+        S.vals = (sg_real *)(mine + (size_t)L * (sizeof(double) + sizeof(int64_t)));
+#pragma omp for schedule(dynamic, chunk)
+        for (int64_t p = 0; p < planes; p++) {
+            const sg_real *xp = x + p * hw;
+            sg_real *yp = y + p * ohw;
+            if (mode == POOL_MAX) {
+                SG_R(max_plane)(q, P, xp, yp, idx ? idx + p * ohw : NULL, &S);
+            } else {
+                SG_R(avg_plane)(q, P, cip, xp, yp, &S);
+                if (idx)
+                    for (int64_t o = 0; o < ohw; o++) idx[p * ohw + o] = -1; /* average windows have no winner */
+            }
+        }
+    }
+    free(scratch);
+    return SG_OK;
+}
+
+/* dx[o * SW] += s[o] for o in [0, n): one tap's share of the output columns whose tap lies inside. */
+POOL_INLINE void SG_R(spread)(sg_real *restrict d, const sg_real *restrict s, int64_t n, const int64_t SW) {
+    for (int64_t o = 0; o < n; o++) d[o * SW] += s[o];
+}
+
+static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real *dy, const sg_real *x,
+                               const int64_t *idx, sg_real *dx, const pplan *P) {
+    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
+    const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
+    const int64_t chunk = SG_R(pool_chunk)(planes, T);
+    /* each thread's scratch: OW indices, OW tap numbers and OW values (max without indices) or OW shares (average) */
+    const size_t per = (size_t)(OW > 0 ? OW : 1) * (2 * sizeof(int64_t) + sizeof(sg_real));
+    char *scratch = (char *)malloc((size_t)T * per);
+    if (!scratch) return SG_ENOMEM;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        char *mine = scratch + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(dynamic, chunk)
+        for (int64_t p = 0; p < planes; p++) {
+            sg_real *dxp = dx + p * hw;
+            const sg_real *dyp = dy + p * ohw;
+            memset(dxp, 0, (size_t)hw * sizeof(sg_real));
+            if (mode == POOL_MAX && idx) { /* scatter to the forward's winners */
+                const int64_t *ip = idx + p * ohw;
+                for (int64_t o = 0; o < ohw; o++) {
+                    const int64_t at = ip[o];
+                    if (at >= 0 && at < hw) dxp[at] += dyp[o];
+                }
+                continue;
+            }
+            int64_t *ats = (int64_t *)mine;
+            sg_real *vals = (sg_real *)(ats + 2 * OW);
+            if (mode == POOL_MAX) { /* no indices: find the winners again, a row at a time, then scatter */
+                const sg_real *xp = x + p * hw;
+                for (int64_t oh = 0; oh < q->OH; oh++) {
+                    SG_R(max_row)(q, P, xp, oh, vals, ats, (SG_R(ptap) *)(ats + OW));
+                    const sg_real *g = dyp + oh * OW;
+                    for (int64_t ow = 0; ow < OW; ow++)
+                        if (ats[ow] >= 0) dxp[ats[ow]] += g[ow];
+                }
+                continue;
+            }
+            /* average: each output's share, dy / divisor, added to its window's taps. A dx element gets its shares in
+             * the order of the outputs (rows, then columns): within a row, taps j from the last, whose output columns
+             * come first. */
+            sg_real *share = vals;
+            for (int64_t oh = 0; oh < q->OH; oh++) {
+                const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+                if (i0 >= i1) continue;
+                const sg_real *g = dyp + oh * OW;
+                if (!P->vec) { /* narrow rows: window by window, in the same order */
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], inside = (i1 - i0) * (j1 - j0);
+                        if (inside == 0) continue;
+                        const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+                        const sg_real sh = (sg_real)((double)g[ow] / (double)div);
+                        for (int64_t i = i0; i < i1; i++) {
+                            const int64_t at = (hbase + i * q->dh) * W + ow * q->sw - q->pl;
+                            for (int64_t j = j0; j < j1; j++) dxp[at + j * q->dw] += sh;
                         }
-                    if (bi >= 0) dxp[bi] += g;
+                    }
                     continue;
                 }
-                const int64_t inside = (i1 - i0) * (j1 - j0);
-                if (inside == 0) continue;
-                const sg_real share = (sg_real)((double)g / (double)(cip ? tr->padded[oh] * tc->padded[ow] : inside));
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int64_t inside = (i1 - i0) * (P->tc.hi[ow] - P->tc.lo[ow]);
+                    const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+                    share[ow] = inside == 0 ? 0 : (sg_real)((double)g[ow] / (double)div);
+                }
                 for (int64_t i = i0; i < i1; i++) {
-                    sg_real *row = dxp + (hbase + i * q->dh) * W + wbase;
-                    for (int64_t j = j0; j < j1; j++) row[j * q->dw] += share;
+                    sg_real *row = dxp + (hbase + i * q->dh) * W;
+                    for (int64_t j = q->kw - 1; j >= 0; j--) {
+                        const int64_t a = P->ja[j], n = P->jb[j] - a;
+                        if (n <= 0) continue;
+                        sg_real *d = row + a * q->sw + j * q->dw - q->pl;
+                        POOL_BY_STRIDE(q->sw, SG_R(spread)(d, share + a, n, SW));
+                    }
                 }
             }
         }
     }
+    free(scratch);
+    return SG_OK;
 }

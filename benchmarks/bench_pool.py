@@ -1,0 +1,95 @@
+"""2-D max and average pooling (forward and backward) on the shapes of common CNNs: milliseconds per call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import benchlib
+from benchlib import Table, best_time, ratio, torch
+from singa import ops
+
+# label, (C, H, W), kernel, stride, padding, mode, count_include_pad
+CASES = [
+    ("ResNet stem max 3x3 s2 p1", (64, 112, 112), 3, 2, 1, "max", False),
+    ("Inception max 3x3 s1 p1", (192, 28, 28), 3, 1, 1, "max", False),
+    ("AlexNet max 3x3 s2", (64, 55, 55), 3, 2, 0, "max", False),
+    ("VGG max 2x2 s2", (64, 224, 224), 2, 2, 0, "max", False),
+    ("VGG max 2x2 s2, last", (512, 14, 14), 2, 2, 0, "max", False),
+    ("Inception avg 3x3 s1 p1", (192, 28, 28), 3, 1, 1, "avg", False),
+    ("ResNet-18 CIFAR avg 4x4", (512, 4, 4), 4, 4, 0, "avg", True),
+]
+QUICK_CASES = [0, 1, 5, 6]
+
+
+def _check(got, want, what: str) -> None:
+    if not np.allclose(got, want, rtol=1e-5, atol=1e-6):
+        raise AssertionError(f"{what}: singa disagrees with torch")
+
+
+def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
+    """Rows of one layer at batch n: each pass, singa and torch."""
+    label, (c, h, w), k, s, p, mode, cip = case
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    tx = ops.from_numpy(x, dev)
+    kw = {"kernel": k, "stride": s, "padding": p, "mode": mode, "count_include_pad": cip}
+    y, idx = ops.pool2d(tx, return_indices=True, **kw)  # idx is None for "avg"
+    dy_np = rng.standard_normal(y.shape).astype(np.float32)
+    dy = ops.from_numpy(dy_np, dev)
+    singa = {"forward": lambda: ops.pool2d(tx, **kw), "backward": lambda: ops.pool2d_backward(dy, tx, idx, **kw)}
+    if mode == "max":
+        singa["forward, indices"] = lambda: ops.pool2d(tx, return_indices=True, **kw)
+    tfn = {}
+    if torch is not None:
+        F = torch.nn.functional
+        t, tdy = torch.from_numpy(x), torch.from_numpy(dy_np)
+        if mode == "max":
+            ty, ti = F.max_pool2d(t, k, s, p, return_indices=True)
+            _check(ops.to_numpy(y), ty.numpy(), f"{label} forward")
+            tfn["forward"] = lambda: F.max_pool2d(t, k, s, p)
+            tfn["forward, indices"] = lambda: F.max_pool2d(t, k, s, p, return_indices=True)
+            tfn["backward"] = lambda: torch.ops.aten.max_pool2d_with_indices_backward(
+                tdy, t, [k, k], [s, s], [p, p], [1, 1], False, ti)
+        else:
+            _check(ops.to_numpy(y), F.avg_pool2d(t, k, s, p, count_include_pad=cip).numpy(), f"{label} forward")
+            tfn["forward"] = lambda: F.avg_pool2d(t, k, s, p, count_include_pad=cip)
+            tfn["backward"] = lambda: torch.ops.aten.avg_pool2d_backward(
+                tdy, t, [k, k], [s, s], [p, p], False, cip, None)
+        _check(ops.to_numpy(singa["backward"]()), tfn["backward"]().numpy(), f"{label} backward")
+    rows = []
+    for what in ("forward", "forward, indices", "backward"):
+        if what not in singa:
+            continue
+
+        def timed(f=singa[what]):
+            f()
+            dev.synchronize()
+
+        ms = best_time(timed, repeat, warmup=2) * 1e3
+        tms = best_time(tfn[what], repeat, warmup=2) * 1e3 if what in tfn else None
+        rows.append([label, f"({n}, {c}, {h}, {w})", what, ms, tms, ratio(ms, tms)])
+    return rows
+
+
+def run(quick: bool = False) -> Table:
+    """Pooling forward (inference, training with indices) and backward: singa vs torch."""
+    dev = benchlib.singa_device()
+    table = Table(
+        title="2-D pooling, float32 NCHW (ms per call, lower is better)",
+        script="bench_pool.py",
+        headers=["layer", "input", "pass", "singa", "torch", "singa/torch"],
+    )
+    rng = np.random.default_rng(0)
+    cases = [CASES[i] for i in QUICK_CASES] if quick else CASES
+    for n in (1,) if quick else (1, 8):
+        for case in cases:
+            table.rows += _case(dev, rng, n, case, 5 if quick else (20 if n == 1 else 10))
+    table.notes.append(
+        "Best of several timed calls after two warm-ups; the singa timer stops after `dev.synchronize()`. "
+        "\"forward, indices\" also returns the argmax indices (training); \"backward\" is max pooling's scatter to "
+        "those indices or average pooling's spread, against `torch.ops.aten.max_pool2d_with_indices_backward` / "
+        "`avg_pool2d_backward`. Ratios are of times: below 1, singa is faster.")
+    return table
+
+
+if __name__ == "__main__":
+    benchlib.main(run)
