@@ -383,58 +383,11 @@ def _max_pool_indices(node, x, kernel, strides, pads, dils, ceil_mode):
     return ops.reshape(idx, idx.shape[:3]) if nsp == 1 else idx
 
 
-# Backends whose pool2d max kernel is slower than the separable form below (measured: the CPU backend's is a scalar
-# loop over windows; at batch 1 the separable form is 4-6x faster for 3x3 stride-1 windows, 1.3-1.7x for stride 2).
-# Remove a backend from here once its kernel is vectorised.
-SEPARABLE_MAX_POOL_BACKENDS = frozenset({"cpu"})
-
-
-def _separable_max_pool(x: Tensor, kernel, strides, pads, dils, ceil_mode) -> Tensor | None:
-    """2-D max pooling as maxima of shifted views, first along the width then along the height, of x padded with
-    -inf: the same maxima as the pool2d kernel (each window holds an element of x when every pad is smaller than the
-    kernel), in (kw - 1) + (kh - 1) element-wise kernels. No gradient: for inference only. None when not applicable."""
-    if any(p >= k for p, k in zip(pads, list(kernel) * 2)):
-        return None
-    N, C, H, W = x.shape
-    try:
-        OH, OW = ops.pool_output_shape(x.shape, tuple(kernel), tuple(strides), tuple(pads), tuple(dils),
-                                       bool(ceil_mode))[2:]
-    except ValueError:
-        return None
-    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dils
-    need_h, need_w = (OH - 1) * sh + dh * (kh - 1) + 1, (OW - 1) * sw + dw * (kw - 1) + 1
-    # rows / columns past the last window are never read (no crop needed); windows past the end read -inf
-    bottom, right = max(need_h - H - pads[0], 0), max(need_w - W - pads[1], 0)
-    if pads[0] or pads[1] or bottom or right:
-        x = ops.pad(x, [0, 0, pads[0], pads[1], 0, 0, bottom, right], "constant", float("-inf"))
-    else:
-        x = ops.contiguous(x)
-    sn, sc, srow, _ = x.strides
-    r = None
-    for j in range(kw):
-        v = ops.as_strided(x, (N, C, need_h, OW), (sn, sc, srow, sw), x.offset + j * dw)
-        r = v if r is None else ops.maximum(r, v, out=r if j > 1 else None)
-    if kw == 1:
-        r = ops.contiguous(r)
-    sn, sc, srow, _ = r.strides
-    y = None
-    for i in range(kh):
-        v = ops.as_strided(r, (N, C, OH, OW), (sn, sc, srow * sh, 1), r.offset + i * dh * srow)
-        y = v if y is None else ops.maximum(y, v, out=y if i > 1 else None)
-    return ops.contiguous(y) if kh == 1 else y
-
-
 @register("MaxPool")
 def max_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
     nsp, kernel, strides, dils, pads = _pool_attrs(node, x)
     ceil_mode = node.attr("ceil_mode", 0)
-    y = None
-    if (nsp == 2 and x.dtype in FLOATS and not autograd.training and len([o for o in node.outputs if o]) == 1
-            and x.device.backend_name in SEPARABLE_MAX_POOL_BACKENDS):
-        y = _separable_max_pool(x, kernel, strides, pads, dils, ceil_mode)
-    if y is not None:
-        return y
     if x.dtype not in FLOATS:  # int8 / uint8 max pooling: exact in float32
         y = max_pool_nd(ops.cast(x, sdt.float32), kernel, strides, pads, dils, ceil_mode)
         y = ops.cast(y, x.dtype)
