@@ -47,11 +47,10 @@ static int taps_open(taps *t, int64_t out_len, int64_t len, int64_t k, int64_t s
 
 /* Everything a call needs about its windows, computed once: the per-axis taps, and along the width the output columns
  * [A, B) whose every tap lies inside [0, W) (the interior, where the row kernels of pool_real.h run over contiguous
- * output columns with no bounds checks), `tap_off[i * kw + j]` = i * dh * W + j * dw (tap (i, j)'s offset from its
- * window's corner) and the output columns [ja[j], jb[j]) whose tap j lies inside [0, W). */
+ * output columns with no bounds checks) and the output columns [ja[j], jb[j]) whose tap j lies inside [0, W). */
 typedef struct {
     taps tr, tc;
-    int64_t A, B, *tap_off, *ja, *jb;
+    int64_t A, B, *ja, *jb;
     int vec;        /* interior wide enough for the row kernels; else every window is scanned on its own */
     int64_t RA, RB; /* output rows whose every tap row lies inside [0, H) */
     int flat;       /* stride 1 and OW == W: the interior rows are one run for the row kernels (pool_real.h) */
@@ -65,21 +64,18 @@ typedef struct {
 static void plan_free(pplan *p) {
     free(p->tr.lo);
     free(p->tc.lo);
-    free(p->tap_off);
+    free(p->ja);
 }
 
 static int plan_open(const pgeom *q, pplan *p) {
     p->tr.lo = p->tc.lo = NULL;
-    p->tap_off = (int64_t *)malloc((size_t)(q->kh * q->kw + 2 * q->kw + 1) * sizeof(int64_t));
-    if (!p->tap_off || taps_open(&p->tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh) ||
+    p->ja = (int64_t *)malloc((size_t)(2 * q->kw + 1) * sizeof(int64_t));
+    if (!p->ja || taps_open(&p->tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh) ||
         taps_open(&p->tc, q->OW, q->W, q->kw, q->sw, q->pl, q->pr, q->dw)) {
         plan_free(p);
         return SG_ENOMEM;
     }
-    p->ja = p->tap_off + q->kh * q->kw;
     p->jb = p->ja + q->kw;
-    for (int64_t i = 0; i < q->kh; i++)
-        for (int64_t j = 0; j < q->kw; j++) p->tap_off[i * q->kw + j] = i * q->dh * q->W + j * q->dw;
     p->A = 0;
     p->B = q->OW;
     for (int64_t j = 0; j < q->kw; j++) { /* tap j's column increases with ow: its inside columns are one run */
@@ -97,12 +93,13 @@ static int plan_open(const pgeom *q, pplan *p) {
         p->B = sg_min64(p->B, p->jb[j]);
     }
     if (p->B < p->A) p->B = p->A;
-    /* the interior's tap numbers must fit the row kernels' index type (int32 for float32) */
-    p->vec = p->B - p->A >= POOL_VEC_MIN && q->kh * q->kw < INT32_MAX;
+    /* the row kernels keep a tap's offset from its window's corner in an int32 for float32 */
+    const int small = (q->kh - 1) * q->dh * q->W + (q->kw - 1) * q->dw < INT32_MAX;
+    p->vec = small && p->B - p->A >= POOL_VEC_MIN;
     p->RA = 0;
     p->RB = -1;
     for (int64_t oh = 0; oh < q->OH; oh++) /* one run, as the interior columns */
-        if (p->tr.lo[oh] == 0 && p->tr.hi[oh] == q->kh) {
+        if (small && p->tr.lo[oh] == 0 && p->tr.hi[oh] == q->kh) {
             if (p->RB < 0) p->RA = oh;
             p->RB = oh + 1;
         }
@@ -111,8 +108,8 @@ static int plan_open(const pgeom *q, pplan *p) {
     return SG_OK;
 }
 
-/* Tap numbers the max row kernels keep per output column: as wide as the data, so that a vector of them and one of
- * values have the same number of lanes. */
+/* The max row kernels' winning taps, as offsets from the window's corner: as wide as the data, so that a vector of
+ * them and one of values have the same number of lanes. */
 typedef int32_t ptap_f32;
 typedef int64_t ptap_f64;
 /* The bits of a value, for selects the compiler keeps free of branches. */

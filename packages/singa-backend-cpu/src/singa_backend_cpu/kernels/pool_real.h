@@ -37,15 +37,14 @@ static inline void SG_R(max_window)(const pgeom *q, const sg_real *xp, int64_t i
 
 /* The same rule as max_window for n outputs at once, taps [i0, i1) x [j0, j1) in scan order: tap (i, j) of output o
  * reads base[(i - i0) * di + (j - j0) * dj + o * SW]. y[o] gets the maximum and, when t is given, t[o] the winning
- * tap's number i * kw + j. `take` is true when v is larger than the best so far, or v is a NaN and the best is not:
- * !(v <= b) holds for v > b and for an unordered pair, (b == b) rules out a NaN best. */
-POOL_INLINE void SG_R(max_taps)(const sg_real *base, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t kw,
-                                int64_t di, int64_t dj, int64_t n, sg_real *restrict y, SG_R(ptap) *restrict t,
-                                const int64_t SW) {
+ * tap's offset from the window's corner, i * di + j * dj. `take` is true when v is larger than the best so far, or v
+ * is a NaN and the best is not: !(v <= b) holds for v > b and for an unordered pair, (b == b) rules out a NaN best. */
+POOL_INLINE void SG_R(max_taps)(const sg_real *base, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t di,
+                                int64_t dj, int64_t n, sg_real *restrict y, SG_R(ptap) *restrict t, const int64_t SW) {
     for (int64_t i = i0; i < i1; i++) {
         for (int64_t j = j0; j < j1; j++) {
             const sg_real *restrict s = base + (i - i0) * di + (j - j0) * dj;
-            const SG_R(ptap) tt = (SG_R(ptap))(i * kw + j);
+            const SG_R(ptap) tt = (SG_R(ptap))(i * di + j * dj);
             if (i == i0 && j == j0) {
                 for (int64_t o = 0; o < n; o++) y[o] = s[o * SW];
                 if (t)
@@ -104,10 +103,10 @@ static void SG_R(max_row)(const pgeom *q, const pplan *P, const sg_real *xp, int
     if (!vec) return;
     const int64_t A = P->A, n = P->B - A, corner = hbase * q->W + A * q->sw - q->pl;
     SG_R(ptap) *tv = ir ? t : NULL;
-    POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner + i0 * q->dh * q->W, i0, i1, 0, q->kw, q->kw, q->dh * q->W,
+    POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner + i0 * q->dh * q->W, i0, i1, 0, q->kw, q->dh * q->W,
                                          q->dw, n, yr + A, tv, SW));
     if (ir)
-        for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + P->tap_off[t[o]];
+        for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + t[o];
 }
 
 /* Max of column ow over the interior rows, as one run down the rows. */
@@ -122,11 +121,11 @@ static void SG_R(max_column)(const pgeom *q, const pplan *P, const sg_real *xp, 
         return;
     }
     const int64_t step = q->sh * q->W, corner = (RA * q->sh - q->pt) * q->W + ow * q->sw - q->pl;
-    SG_R(max_taps)(xp + corner + j0 * q->dw, 0, q->kh, j0, j1, q->kw, q->dh * q->W, q->dw, n, S->vals,
+    SG_R(max_taps)(xp + corner + j0 * q->dw, 0, q->kh, j0, j1, q->dh * q->W, q->dw, n, S->vals,
                    ip ? S->t : NULL, step);
     for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = S->vals[o];
     if (ip)
-        for (int64_t o = 0; o < n; o++) ip[(RA + o) * OW + ow] = corner + o * step + P->tap_off[S->t[o]];
+        for (int64_t o = 0; o < n; o++) ip[(RA + o) * OW + ow] = corner + o * step + S->t[o];
 }
 
 /* Max pooling of one plane. Flat: the window of output o = oh * W + ow has its corner at input o + corner, so the
@@ -143,20 +142,20 @@ static void SG_R(max_plane)(const pgeom *q, const pplan *P, const sg_real *xp, s
         const int64_t o0 = P->RA * OW + P->A, o1 = (P->RB - 1) * OW + P->B, corner = -q->pt * q->W - q->pl;
         for (int64_t s = o0; s < o1; s += POOL_FLAT_CHUNK) {
             const int64_t n = sg_min64(POOL_FLAT_CHUNK, o1 - s);
-            SG_R(max_taps)(xp + s + corner, 0, q->kh, 0, q->kw, q->kw, q->dh * q->W, q->dw, n, yp + s,
+            SG_R(max_taps)(xp + s + corner, 0, q->kh, 0, q->kw, q->dh * q->W, q->dw, n, yp + s,
                            ip ? S->t : NULL, 1);
             if (ip)
-                for (int64_t o = 0; o < n; o++) ip[s + o] = s + o + corner + P->tap_off[S->t[o]];
+                for (int64_t o = 0; o < n; o++) ip[s + o] = s + o + corner + S->t[o];
         }
     } else if (P->vec) {
         const int64_t A = P->A, n = P->B - A;
         for (int64_t oh = P->RA; oh < P->RB; oh++) {
             const int64_t corner = (oh * q->sh - q->pt) * q->W + A * q->sw - q->pl;
             int64_t *ir = ip ? ip + oh * OW : NULL;
-            POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner, 0, q->kh, 0, q->kw, q->kw, q->dh * q->W, q->dw, n,
+            POOL_BY_STRIDE(q->sw, SG_R(max_taps)(xp + corner, 0, q->kh, 0, q->kw, q->dh * q->W, q->dw, n,
                                                  yp + oh * OW + A, ir ? S->t : NULL, SW));
             if (ir)
-                for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + P->tap_off[S->t[o]];
+                for (int64_t o = 0; o < n; o++) ir[A + o] = corner + o * q->sw + S->t[o];
         }
     }
     for (int64_t ow = 0; ow < OW; ow++) {
@@ -246,7 +245,7 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
     const int64_t chunk = SG_R(pool_chunk)(planes, T);
-    /* each thread's scratch: L tap numbers, values and doubles */
+    /* each thread's scratch: L tap offsets, values and doubles */
     const int64_t L = sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK);
     const size_t per = (size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double));
     char *scratch = (char *)malloc((size_t)T * per);
@@ -285,7 +284,7 @@ static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real 
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
     const int64_t chunk = SG_R(pool_chunk)(planes, T);
-    /* each thread's scratch: OW indices, OW tap numbers and OW values (max without indices) or OW shares (average) */
+    /* each thread's scratch: OW indices, OW tap offsets and OW values (max without indices) or OW shares (average) */
     const size_t per = (size_t)(OW > 0 ? OW : 1) * (2 * sizeof(int64_t) + sizeof(sg_real));
     char *scratch = (char *)malloc((size_t)T * per);
     if (!scratch) return SG_ENOMEM;
