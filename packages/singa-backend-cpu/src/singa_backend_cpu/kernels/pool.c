@@ -60,6 +60,8 @@ typedef struct {
 #define POOL_VEC_MIN 4
 /* Outputs per pass of the row kernels over a flat run (pool_real.h): their scratch stays in the L1 cache. */
 #define POOL_FLAT_CHUNK 1024
+/* Small planes computed together (pool_real.h: max_group, avg_group). */
+#define POOL_GROUP 4
 
 static void plan_free(pplan *p) {
     free(p->tr.lo);

@@ -240,11 +240,75 @@ static inline int64_t SG_R(pool_chunk)(int64_t planes, int T) {
     return c < 1 ? 1 : c;
 }
 
+/* POOL_GROUP planes at once, window by window: for planes small enough that every window is scanned on its own. A
+ * window's maximum or sum is a chain of dependent steps, kept in scan order; the planes' chains are independent, so
+ * their latencies overlap. Same steps, same order, same results as max_window / avg_row. */
+static void SG_R(max_group)(const pgeom *q, const pplan *P, const sg_real *xp, int64_t hw, sg_real *yp, int64_t *ip,
+                            int64_t ohw) {
+    for (int64_t oh = 0; oh < q->OH; oh++) {
+        const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+        for (int64_t ow = 0; ow < q->OW; ow++) {
+            const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], wbase = ow * q->sw - q->pl, o = oh * q->OW + ow;
+            sg_real best[POOL_GROUP];
+            SG_R(pbits) bits[POOL_GROUP];
+            int64_t bi[POOL_GROUP];
+            for (int g = 0; g < POOL_GROUP; g++) {
+                best[g] = 0;
+                bits[g] = 0;
+                bi[g] = -1;
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                const int64_t row = (hbase + i * q->dh) * q->W;
+                for (int64_t j = j0; j < j1; j++) {
+                    const int64_t at = row + wbase + j * q->dw;
+                    for (int g = 0; g < POOL_GROUP; g++) {
+                        const sg_real v = xp[g * hw + at];
+                        SG_R(pbits) vbits;
+                        memcpy(&vbits, &v, sizeof v);
+                        const int take = (bi[g] < 0) | (v > best[g]) | ((v != v) & (best[g] == best[g]));
+                        bits[g] = take ? vbits : bits[g];
+                        bi[g] = take ? at : bi[g];
+                        memcpy(&best[g], &bits[g], sizeof best[g]);
+                    }
+                }
+            }
+            for (int g = 0; g < POOL_GROUP; g++) {
+                yp[g * ohw + o] = bi[g] < 0 ? 0 : best[g];
+                if (ip) ip[g * ohw + o] = bi[g];
+            }
+        }
+    }
+}
+
+static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_real *xp, int64_t hw, sg_real *yp,
+                            int64_t ohw) {
+    for (int64_t oh = 0; oh < q->OH; oh++) {
+        const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+        for (int64_t ow = 0; ow < q->OW; ow++) {
+            const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], wbase = ow * q->sw - q->pl, o = oh * q->OW + ow;
+            double sum[POOL_GROUP];
+            for (int g = 0; g < POOL_GROUP; g++) sum[g] = 0.0;
+            for (int64_t i = i0; i < i1; i++) {
+                const int64_t row = (hbase + i * q->dh) * q->W;
+                for (int64_t j = j0; j < j1; j++) {
+                    const int64_t at = row + wbase + j * q->dw;
+                    for (int g = 0; g < POOL_GROUP; g++) sum[g] += xp[g * hw + at];
+                }
+            }
+            const int64_t inside = (i1 - i0) * (j1 - j0);
+            const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+            for (int g = 0; g < POOL_GROUP; g++) yp[g * ohw + o] = inside == 0 ? 0 : (sg_real)(sum[g] / (double)div);
+        }
+    }
+}
+
 static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
                               const pplan *P) {
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
-    const int64_t chunk = SG_R(pool_chunk)(planes, T);
+    /* units of work: single planes, or groups of POOL_GROUP small planes */
+    const int64_t G = !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1, units = (planes + G - 1) / G;
+    const int64_t chunk = SG_R(pool_chunk)(units, T);
     /* each thread's scratch: L tap offsets, values and doubles */
     const int64_t L = sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK);
     const size_t per = (size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double));
@@ -258,16 +322,23 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         S.t = (SG_R(ptap) *)(mine + (size_t)L * sizeof(double));
         S.vals = (sg_real *)(mine + (size_t)L * (sizeof(double) + sizeof(int64_t)));
 #pragma omp for schedule(dynamic, chunk)
-        for (int64_t p = 0; p < planes; p++) {
-            const sg_real *xp = x + p * hw;
-            sg_real *yp = y + p * ohw;
-            if (mode == POOL_MAX) {
-                SG_R(max_plane)(q, P, xp, yp, idx ? idx + p * ohw : NULL, &S);
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t p0 = u * G, np = sg_min64(G, planes - p0);
+            if (np == POOL_GROUP && G == POOL_GROUP) {
+                if (mode == POOL_MAX)
+                    SG_R(max_group)(q, P, x + p0 * hw, hw, y + p0 * ohw, idx ? idx + p0 * ohw : NULL, ohw);
+                else
+                    SG_R(avg_group)(q, P, cip, x + p0 * hw, hw, y + p0 * ohw, ohw);
             } else {
-                SG_R(avg_plane)(q, P, cip, xp, yp, &S);
-                if (idx)
-                    for (int64_t o = 0; o < ohw; o++) idx[p * ohw + o] = -1; /* average windows have no winner */
+                for (int64_t p = p0; p < p0 + np; p++) {
+                    if (mode == POOL_MAX)
+                        SG_R(max_plane)(q, P, x + p * hw, y + p * ohw, idx ? idx + p * ohw : NULL, &S);
+                    else
+                        SG_R(avg_plane)(q, P, cip, x + p * hw, y + p * ohw, &S);
+                }
             }
+            if (mode == POOL_AVG && idx)
+                for (int64_t o = p0 * ohw; o < (p0 + np) * ohw; o++) idx[o] = -1; /* average windows have no winner */
         }
     }
     free(scratch);
@@ -279,11 +350,96 @@ POOL_INLINE void SG_R(spread)(sg_real *restrict d, const sg_real *restrict s, in
     for (int64_t o = 0; o < n; o++) d[o * SW] += s[o];
 }
 
+/* The gradient of average pooling for POOL_GROUP planes at once, window by window (planes too narrow for the row
+ * kernels): each output's share added to its window's taps, outputs in order, as in pool_backward. */
+static void SG_R(avg_back_group)(const pgeom *q, const pplan *P, int cip, const sg_real *dyp, int64_t ohw,
+                                 sg_real *dxp, int64_t hw) {
+    memset(dxp, 0, (size_t)(POOL_GROUP * hw) * sizeof(sg_real));
+    for (int64_t oh = 0; oh < q->OH; oh++) {
+        const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+        for (int64_t ow = 0; ow < q->OW; ow++) {
+            const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], inside = (i1 - i0) * (j1 - j0);
+            if (inside == 0) continue;
+            const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside, o = oh * q->OW + ow;
+            sg_real share[POOL_GROUP];
+            for (int g = 0; g < POOL_GROUP; g++) share[g] = (sg_real)((double)dyp[g * ohw + o] / (double)div);
+            for (int64_t i = i0; i < i1; i++) {
+                const int64_t row = (hbase + i * q->dh) * q->W + ow * q->sw - q->pl;
+                for (int64_t j = j0; j < j1; j++)
+                    for (int g = 0; g < POOL_GROUP; g++) dxp[g * hw + row + j * q->dw] += share[g];
+            }
+        }
+    }
+}
+
+/* The gradient for one plane: dxp (H * W) from dyp (OH * OW), and the forward's winners ip or the input xp for max
+ * pooling; mine: the thread's scratch. */
+static void SG_R(back_plane)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *dyp, const sg_real *xp,
+                             const int64_t *ip, sg_real *dxp, char *mine) {
+    const int64_t ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
+    memset(dxp, 0, (size_t)hw * sizeof(sg_real));
+    if (mode == POOL_MAX && ip) { /* scatter to the forward's winners */
+        for (int64_t o = 0; o < ohw; o++) {
+            const int64_t at = ip[o];
+            if (at >= 0 && at < hw) dxp[at] += dyp[o];
+        }
+        return;
+    }
+    int64_t *ats = (int64_t *)mine;
+    sg_real *vals = (sg_real *)(ats + 2 * OW);
+    if (mode == POOL_MAX) { /* no indices: find the winners again, a row at a time, then scatter */
+        for (int64_t oh = 0; oh < q->OH; oh++) {
+            SG_R(max_row)(q, P, xp, oh, vals, ats, (SG_R(ptap) *)(ats + OW));
+            const sg_real *g = dyp + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++)
+                if (ats[ow] >= 0) dxp[ats[ow]] += g[ow];
+        }
+        return;
+    }
+    /* average: each output's share, dy / divisor, added to its window's taps. A dx element gets its shares in the order
+     * of the outputs (rows, then columns): within a row, taps j from the last, whose output columns come first. */
+    sg_real *share = vals;
+    for (int64_t oh = 0; oh < q->OH; oh++) {
+        const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
+        if (i0 >= i1) continue;
+        const sg_real *g = dyp + oh * OW;
+        if (!P->vec) { /* narrow rows: window by window, in the same order */
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], inside = (i1 - i0) * (j1 - j0);
+                if (inside == 0) continue;
+                const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+                const sg_real sh = (sg_real)((double)g[ow] / (double)div);
+                for (int64_t i = i0; i < i1; i++) {
+                    const int64_t at = (hbase + i * q->dh) * W + ow * q->sw - q->pl;
+                    for (int64_t j = j0; j < j1; j++) dxp[at + j * q->dw] += sh;
+                }
+            }
+            continue;
+        }
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t inside = (i1 - i0) * (P->tc.hi[ow] - P->tc.lo[ow]);
+            const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
+            share[ow] = inside == 0 ? 0 : (sg_real)((double)g[ow] / (double)div);
+        }
+        for (int64_t i = i0; i < i1; i++) {
+            sg_real *row = dxp + (hbase + i * q->dh) * W;
+            for (int64_t j = q->kw - 1; j >= 0; j--) {
+                const int64_t a = P->ja[j], n = P->jb[j] - a;
+                if (n <= 0) continue;
+                sg_real *d = row + a * q->sw + j * q->dw - q->pl;
+                POOL_BY_STRIDE(q->sw, SG_R(spread)(d, share + a, n, SW));
+            }
+        }
+    }
+}
+
 static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real *dy, const sg_real *x,
                                const int64_t *idx, sg_real *dx, const pplan *P) {
-    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
+    const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, OW = q->OW;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
-    const int64_t chunk = SG_R(pool_chunk)(planes, T);
+    /* units of work: single planes, or groups of POOL_GROUP planes for averages too narrow for the row kernels */
+    const int64_t G = mode == POOL_AVG && !P->vec ? POOL_GROUP : 1, units = (planes + G - 1) / G;
+    const int64_t chunk = SG_R(pool_chunk)(units, T);
     /* each thread's scratch: OW indices, OW tap offsets and OW values (max without indices) or OW shares (average) */
     const size_t per = (size_t)(OW > 0 ? OW : 1) * (2 * sizeof(int64_t) + sizeof(sg_real));
     char *scratch = (char *)malloc((size_t)T * per);
@@ -292,66 +448,15 @@ static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real 
     {
         char *mine = scratch + (size_t)omp_get_thread_num() * per;
 #pragma omp for schedule(dynamic, chunk)
-        for (int64_t p = 0; p < planes; p++) {
-            sg_real *dxp = dx + p * hw;
-            const sg_real *dyp = dy + p * ohw;
-            memset(dxp, 0, (size_t)hw * sizeof(sg_real));
-            if (mode == POOL_MAX && idx) { /* scatter to the forward's winners */
-                const int64_t *ip = idx + p * ohw;
-                for (int64_t o = 0; o < ohw; o++) {
-                    const int64_t at = ip[o];
-                    if (at >= 0 && at < hw) dxp[at] += dyp[o];
-                }
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t p0 = u * G, np = sg_min64(G, planes - p0);
+            if (np == POOL_GROUP && G == POOL_GROUP) {
+                SG_R(avg_back_group)(q, P, cip, dy + p0 * ohw, ohw, dx + p0 * hw, hw);
                 continue;
             }
-            int64_t *ats = (int64_t *)mine;
-            sg_real *vals = (sg_real *)(ats + 2 * OW);
-            if (mode == POOL_MAX) { /* no indices: find the winners again, a row at a time, then scatter */
-                const sg_real *xp = x + p * hw;
-                for (int64_t oh = 0; oh < q->OH; oh++) {
-                    SG_R(max_row)(q, P, xp, oh, vals, ats, (SG_R(ptap) *)(ats + OW));
-                    const sg_real *g = dyp + oh * OW;
-                    for (int64_t ow = 0; ow < OW; ow++)
-                        if (ats[ow] >= 0) dxp[ats[ow]] += g[ow];
-                }
-                continue;
-            }
-            /* average: each output's share, dy / divisor, added to its window's taps. A dx element gets its shares in
-             * the order of the outputs (rows, then columns): within a row, taps j from the last, whose output columns
-             * come first. */
-            sg_real *share = vals;
-            for (int64_t oh = 0; oh < q->OH; oh++) {
-                const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
-                if (i0 >= i1) continue;
-                const sg_real *g = dyp + oh * OW;
-                if (!P->vec) { /* narrow rows: window by window, in the same order */
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        const int64_t j0 = P->tc.lo[ow], j1 = P->tc.hi[ow], inside = (i1 - i0) * (j1 - j0);
-                        if (inside == 0) continue;
-                        const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
-                        const sg_real sh = (sg_real)((double)g[ow] / (double)div);
-                        for (int64_t i = i0; i < i1; i++) {
-                            const int64_t at = (hbase + i * q->dh) * W + ow * q->sw - q->pl;
-                            for (int64_t j = j0; j < j1; j++) dxp[at + j * q->dw] += sh;
-                        }
-                    }
-                    continue;
-                }
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    const int64_t inside = (i1 - i0) * (P->tc.hi[ow] - P->tc.lo[ow]);
-                    const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
-                    share[ow] = inside == 0 ? 0 : (sg_real)((double)g[ow] / (double)div);
-                }
-                for (int64_t i = i0; i < i1; i++) {
-                    sg_real *row = dxp + (hbase + i * q->dh) * W;
-                    for (int64_t j = q->kw - 1; j >= 0; j--) {
-                        const int64_t a = P->ja[j], n = P->jb[j] - a;
-                        if (n <= 0) continue;
-                        sg_real *d = row + a * q->sw + j * q->dw - q->pl;
-                        POOL_BY_STRIDE(q->sw, SG_R(spread)(d, share + a, n, SW));
-                    }
-                }
-            }
+            for (int64_t p = p0; p < p0 + np; p++)
+                SG_R(back_plane)(q, P, mode, cip, dy + p * ohw, x ? x + p * hw : NULL, idx ? idx + p * ohw : NULL,
+                                 dx + p * hw, mine);
         }
     }
     free(scratch);
