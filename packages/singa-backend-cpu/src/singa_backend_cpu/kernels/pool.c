@@ -54,6 +54,11 @@ typedef struct {
     int vec;        /* interior wide enough for the row kernels; else every window is scanned on its own */
     int64_t RA, RB; /* output rows whose every tap row lies inside [0, H) */
     int flat;       /* stride 1 and OW == W: the interior rows are one run for the row kernels (pool_real.h) */
+    /* Small planes go through padded copies (pool_real.h: pad_planes): PH x PW covers every window, from (-pt, -pl);
+     * `pmap` takes a position there to its element's flat index in the plane, -1 in the padding; PG planes at once. */
+    int pad;
+    int64_t PH, PW, PG, *pmap;
+    double *cpad, *cin; /* per output column: taps inside the padding, inside the input (the divisors' factors) */
 } pplan;
 
 /* Interior columns below which the row kernels' per-tap loop set-up costs more than they save. */
@@ -62,15 +67,20 @@ typedef struct {
 #define POOL_FLAT_CHUNK 1024
 /* Small planes computed together (pool_real.h: max_group, avg_group). */
 #define POOL_GROUP 4
+/* Padded planes of at most these many elements, and about these many elements of them at once (pad_planes). */
+#define POOL_PAD_MAX 512
+#define POOL_PAD_CHUNK 4096
 
 static void plan_free(pplan *p) {
     free(p->tr.lo);
     free(p->tc.lo);
     free(p->ja);
+    free(p->pmap);
 }
 
 static int plan_open(const pgeom *q, pplan *p) {
     p->tr.lo = p->tc.lo = NULL;
+    p->pmap = NULL;
     p->ja = (int64_t *)malloc((size_t)(2 * q->kw + 1) * sizeof(int64_t));
     if (!p->ja || taps_open(&p->tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh) ||
         taps_open(&p->tc, q->OW, q->W, q->kw, q->sw, q->pl, q->pr, q->dw)) {
@@ -107,6 +117,32 @@ static int plan_open(const pgeom *q, pplan *p) {
         }
     if (p->RB < p->RA) p->RB = p->RA;
     p->flat = p->vec && q->sh == 1 && q->sw == 1 && q->OW == q->W && p->RB - p->RA >= 2;
+    /* padded copies: stride 1 (one flat run), every window with an element inside (else a max would be the padding) */
+    p->PH = (q->OH - 1) * q->sh + (q->kh - 1) * q->dh + 1;
+    p->PW = (q->OW - 1) * q->sw + (q->kw - 1) * q->dw + 1;
+    int empty = 0;
+    for (int64_t oh = 0; oh < q->OH; oh++) empty |= p->tr.lo[oh] >= p->tr.hi[oh];
+    for (int64_t ow = 0; ow < q->OW; ow++) empty |= p->tc.lo[ow] >= p->tc.hi[ow];
+    p->pad = q->sh == 1 && q->sw == 1 && !empty && p->PH * p->PW <= POOL_PAD_MAX;
+    if (p->pad) {
+        p->PG = sg_max64(1, POOL_PAD_CHUNK / (p->PH * p->PW));
+        p->pmap = (int64_t *)malloc((size_t)(p->PH * p->PW + 2 * q->OW) * sizeof(int64_t));
+        if (!p->pmap) {
+            plan_free(p);
+            return SG_ENOMEM;
+        }
+        for (int64_t r = 0; r < p->PH; r++)
+            for (int64_t c = 0; c < p->PW; c++) {
+                const int64_t h = r - q->pt, w = c - q->pl;
+                p->pmap[r * p->PW + c] = h >= 0 && h < q->H && w >= 0 && w < q->W ? h * q->W + w : -1;
+            }
+        p->cpad = (double *)(p->pmap + p->PH * p->PW);
+        p->cin = p->cpad + q->OW;
+        for (int64_t ow = 0; ow < q->OW; ow++) {
+            p->cpad[ow] = (double)p->tc.padded[ow];
+            p->cin[ow] = (double)(p->tc.hi[ow] - p->tc.lo[ow]);
+        }
+    }
     return SG_OK;
 }
 

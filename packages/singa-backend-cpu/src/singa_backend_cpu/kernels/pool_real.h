@@ -78,10 +78,10 @@ POOL_INLINE void SG_R(sum_taps)(const sg_real *base, int64_t i0, int64_t i1, int
     }
 }
 
-/* Scratch of one thread for the forward kernels: POOL_FLAT_CHUNK or more entries of each. */
+/* Scratch of one thread for the forward kernels: L entries of each (pool_forward). */
 typedef struct {
     SG_R(ptap) *t;
-    sg_real *vals;
+    sg_real *vals, *buf;
     double *acc;
 } SG_R(pscratch);
 
@@ -240,6 +240,65 @@ static inline int64_t SG_R(pool_chunk)(int64_t planes, int T) {
     return c < 1 ? 1 : c;
 }
 
+/* np planes (np <= PG) through padded copies: each plane copied into a PH x PW block of the scratch, -inf around it
+ * for max pooling (it never beats an element; where it ties with a -inf element first, the index is looked for
+ * again), 0 for averages (an exact no-op in the sums, which never are -0). Every window then lies inside its block:
+ * with stride 1 the blocks' outputs are one run of the row kernels (outputs at block position oh * PW + ow, a few
+ * columns and rows of each block computed in vain), with no edges to treat apart. */
+static void SG_R(pad_planes)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
+                             sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
+    const int64_t H = q->H, W = q->W, PH = P->PH, PW = P->PW, V = PH * PW, OH = q->OH, OW = q->OW, hw = H * W,
+                  ohw = OH * OW, wn = sg_max64(0, sg_min64(W, PW - q->pl));
+    const sg_real fill = mode == POOL_MAX ? -INFINITY : 0;
+    sg_real *buf = S->buf;
+    for (int64_t g = 0; g < np; g++)
+        for (int64_t r = 0; r < PH; r++) {
+            sg_real *br = buf + g * V + r * PW;
+            const int64_t h = r - q->pt;
+            int64_t c = 0;
+            if (h >= 0 && h < H && wn > 0) {
+                for (; c < q->pl; c++) br[c] = fill;
+                memcpy(br + c, x + g * hw + h * W, (size_t)wn * sizeof(sg_real));
+                c += wn;
+            }
+            for (; c < PW; c++) br[c] = fill;
+        }
+    const int64_t n = (np - 1) * V + (OH - 1) * PW + OW; /* the last block's last output, plus one */
+    if (mode == POOL_MAX) {
+        SG_R(max_taps)(buf, 0, q->kh, 0, q->kw, q->dh * PW, q->dw, n, S->vals, ip ? S->t : NULL, 1);
+        for (int64_t g = 0; g < np; g++)
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const int64_t o = g * V + oh * PW;
+                memcpy(y + g * ohw + oh * OW, S->vals + o, (size_t)OW * sizeof(sg_real));
+                if (!ip) continue;
+                int64_t *ir = ip + g * ohw + oh * OW, lost = 0;
+                const int64_t *pm = P->pmap + oh * PW;
+                const SG_R(ptap) *t = S->t + o;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    ir[ow] = pm[ow + t[ow]];
+                    lost |= ir[ow];
+                }
+                if (lost >= 0) continue;
+                for (int64_t ow = 0; ow < OW; ow++)
+                    if (ir[ow] < 0) { /* a -inf of the padding came first: scan the window itself */
+                        sg_real v;
+                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow],
+                                         oh - q->pt, ow - q->pl, &v, ir + ow);
+                    }
+            }
+    } else {
+        SG_R(sum_taps)(buf, 0, q->kh, 0, q->kw, q->dh * PW, q->dw, n, S->acc, 1);
+        const double *cf = cip ? P->cpad : P->cin;
+        for (int64_t g = 0; g < np; g++)
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const double *a = S->acc + g * V + oh * PW;
+                const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
+                sg_real *yr = y + g * ohw + oh * OW;
+                for (int64_t ow = 0; ow < OW; ow++) yr[ow] = (sg_real)(a[ow] / (rf * cf[ow]));
+            }
+    }
+}
+
 /* POOL_GROUP planes at once, window by window: for planes small enough that every window is scanned on its own. A
  * window's maximum or sum is a chain of dependent steps, kept in scan order; the planes' chains are independent, so
  * their latencies overlap. Same steps, same order, same results as max_window / avg_row. */
@@ -306,12 +365,12 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
                               const pplan *P) {
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
-    /* units of work: single planes, or groups of POOL_GROUP small planes */
-    const int64_t G = !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1, units = (planes + G - 1) / G;
+    /* units of work: PG planes through padded copies, single planes, or groups of POOL_GROUP small planes */
+    const int64_t G = P->pad ? P->PG : !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1, units = (planes + G - 1) / G;
     const int64_t chunk = SG_R(pool_chunk)(units, T);
-    /* each thread's scratch: L tap offsets, values and doubles */
-    const int64_t L = sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK);
-    const size_t per = (size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double));
+    /* each thread's scratch: L tap offsets, values, padded values and doubles */
+    const int64_t L = sg_max64(sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK), P->pad ? P->PG * P->PH * P->PW : 0);
+    const size_t per = (size_t)L * (sizeof(int64_t) + 2 * sizeof(sg_real) + sizeof(double));
     char *scratch = (char *)malloc((size_t)T * per);
     if (!scratch) return SG_ENOMEM;
 #pragma omp parallel num_threads(T) if (T > 1)
@@ -321,10 +380,14 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         S.acc = (double *)mine;
         S.t = (SG_R(ptap) *)(mine + (size_t)L * sizeof(double));
         S.vals = (sg_real *)(mine + (size_t)L * (sizeof(double) + sizeof(int64_t)));
+        S.buf = S.vals + L;
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t u = 0; u < units; u++) {
             const int64_t p0 = u * G, np = sg_min64(G, planes - p0);
-            if (np == POOL_GROUP && G == POOL_GROUP) {
+            if (P->pad) {
+                int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
+                SG_R(pad_planes)(q, P, mode, cip, x + p0 * hw, np, y + p0 * ohw, ip, &S);
+            } else if (np == POOL_GROUP && G == POOL_GROUP) {
                 if (mode == POOL_MAX)
                     SG_R(max_group)(q, P, x + p0 * hw, hw, y + p0 * ohw, idx ? idx + p0 * ohw : NULL, ohw);
                 else
