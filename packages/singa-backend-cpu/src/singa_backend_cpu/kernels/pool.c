@@ -1,5 +1,5 @@
-/* 2-D max and average pooling (NCHW) and their gradients; one (n, c) plane per task. The kernels are in pool_real.h
- * (float32 and float64); float16 goes through float32 copies. */
+/* 2-D max and average pooling (NCHW) and their gradients; planes (or groups of small ones) are the tasks spread over
+ * the threads. The kernels are in pool_real.h (float32 and float64); float16 goes through float32 copies. */
 #include "common.h"
 
 enum { POOL_MAX = 0, POOL_AVG = 1 };

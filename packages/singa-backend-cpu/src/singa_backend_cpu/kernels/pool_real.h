@@ -1,13 +1,19 @@
 /* Pooling kernels on sg_real planes (instantiated by pool.c, see real.h).
  *
- * The forward kernels split a plane's outputs by how many of their window's taps lie inside the input. Output rows
- * [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle have
- * all their taps inside: for each tap (i, j), in the window's scan order, the row kernels (max_taps, sum_taps) run one
- * loop over many outputs at once, without bounds checks, which the compiler vectorises: along an output row (input
- * strided by the stride), or along the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of
- * those rows each run down the rows (input strided by sh * W) over their inside taps, the same kernels again; only the
- * few rows above RA and below RB scan their edge windows one by one. Every path visits a window's taps in the same
- * order, so an output does not depend on which path computed it. */
+ * The row kernels (max_taps, sum_taps) take the taps (i, j) of the windows one at a time, in the window's scan order,
+ * each in one loop over many outputs at once, without bounds checks, which the compiler vectorises. The forward pass
+ * feeds them one of three ways, chosen per call (pool.c: plan_open):
+ *  - small stride-1 planes: padded copies, in which every window lies inside, several planes as one run (pad_planes);
+ *  - otherwise a plane's outputs are split by how many of their window's taps lie inside the input. Output rows
+ *    [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle
+ *    have all their taps inside: the row kernels run along each output row (input strided by the stride), or along
+ *    the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of those rows each run down the
+ *    rows (input strided by sh * W) over their inside taps, the same kernels again; only the few rows above RA and
+ *    below RB scan their edge windows one by one (max_plane, avg_plane);
+ *  - planes too small for either go POOL_GROUP at a time, window by window (max_group, avg_group).
+ * Every path visits a window's taps in the same order, so an output does not depend on which path computed it. The
+ * gradient of max pooling scatters dy to the forward's winners; that of averages adds each output's share to its
+ * window's taps, a tap at a time over a row of outputs (spread), in the order of the outputs. */
 
 /* Max of one window, taps [i0, i1) x [j0, j1) in scan order: the first maximum wins; a NaN beats everything and the
  * first NaN stays. *at gets the winner's flat index in the plane, -1 (and *best 0) for a window with no tap inside. */
@@ -435,33 +441,21 @@ static void SG_R(avg_back_group)(const pgeom *q, const pplan *P, int cip, const 
     }
 }
 
-/* The gradient for one plane: dxp (H * W) from dyp (OH * OW), and the forward's winners ip or the input xp for max
- * pooling; mine: the thread's scratch. */
-static void SG_R(back_plane)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *dyp, const sg_real *xp,
-                             const int64_t *ip, sg_real *dxp, char *mine) {
+/* The gradient for one plane: dxp (H * W) from dyp (OH * OW) and, for max pooling, the forward's winners ip; share:
+ * the thread's scratch of OW values. */
+static void SG_R(back_plane)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *dyp, const int64_t *ip,
+                             sg_real *dxp, sg_real *share) {
     const int64_t ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
     memset(dxp, 0, (size_t)hw * sizeof(sg_real));
-    if (mode == POOL_MAX && ip) { /* scatter to the forward's winners */
+    if (mode == POOL_MAX) { /* scatter to the forward's winners */
         for (int64_t o = 0; o < ohw; o++) {
             const int64_t at = ip[o];
             if (at >= 0 && at < hw) dxp[at] += dyp[o];
         }
         return;
     }
-    int64_t *ats = (int64_t *)mine;
-    sg_real *vals = (sg_real *)(ats + 2 * OW);
-    if (mode == POOL_MAX) { /* no indices: find the winners again, a row at a time, then scatter */
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            SG_R(max_row)(q, P, xp, oh, vals, ats, (SG_R(ptap) *)(ats + OW));
-            const sg_real *g = dyp + oh * OW;
-            for (int64_t ow = 0; ow < OW; ow++)
-                if (ats[ow] >= 0) dxp[ats[ow]] += g[ow];
-        }
-        return;
-    }
     /* average: each output's share, dy / divisor, added to its window's taps. A dx element gets its shares in the order
      * of the outputs (rows, then columns): within a row, taps j from the last, whose output columns come first. */
-    sg_real *share = vals;
     for (int64_t oh = 0; oh < q->OH; oh++) {
         const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
         if (i0 >= i1) continue;
@@ -499,17 +493,32 @@ static void SG_R(back_plane)(const pgeom *q, const pplan *P, int mode, int cip, 
 static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real *dy, const sg_real *x,
                                const int64_t *idx, sg_real *dx, const pplan *P) {
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W, OW = q->OW;
+    int64_t *found = NULL;
+    if (mode == POOL_MAX && !idx) { /* no indices: find the winners again with the forward pass */
+        found = (int64_t *)malloc((size_t)(planes * ohw) * sizeof(int64_t));
+        sg_real *y = (sg_real *)malloc((size_t)(planes * ohw) * sizeof(sg_real));
+        int err = found && y ? SG_R(pool_forward)(q, POOL_MAX, cip, x, y, found, P) : SG_ENOMEM;
+        free(y);
+        if (err) {
+            free(found);
+            return err;
+        }
+        idx = found;
+    }
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
     /* units of work: single planes, or groups of POOL_GROUP planes for averages too narrow for the row kernels */
     const int64_t G = mode == POOL_AVG && !P->vec ? POOL_GROUP : 1, units = (planes + G - 1) / G;
     const int64_t chunk = SG_R(pool_chunk)(units, T);
-    /* each thread's scratch: OW indices, OW tap offsets and OW values (max without indices) or OW shares (average) */
-    const size_t per = (size_t)(OW > 0 ? OW : 1) * (2 * sizeof(int64_t) + sizeof(sg_real));
+    /* each thread's scratch: OW shares (average) */
+    const size_t per = (size_t)(OW > 0 ? OW : 1) * sizeof(sg_real);
     char *scratch = (char *)malloc((size_t)T * per);
-    if (!scratch) return SG_ENOMEM;
+    if (!scratch) {
+        free(found);
+        return SG_ENOMEM;
+    }
 #pragma omp parallel num_threads(T) if (T > 1)
     {
-        char *mine = scratch + (size_t)omp_get_thread_num() * per;
+        sg_real *mine = (sg_real *)(scratch + (size_t)omp_get_thread_num() * per);
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t u = 0; u < units; u++) {
             const int64_t p0 = u * G, np = sg_min64(G, planes - p0);
@@ -518,10 +527,10 @@ static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real 
                 continue;
             }
             for (int64_t p = p0; p < p0 + np; p++)
-                SG_R(back_plane)(q, P, mode, cip, dy + p * ohw, x ? x + p * hw : NULL, idx ? idx + p * ohw : NULL,
-                                 dx + p * hw, mine);
+                SG_R(back_plane)(q, P, mode, cip, dy + p * ohw, idx ? idx + p * ohw : NULL, dx + p * hw, mine);
         }
     }
     free(scratch);
+    free(found);
     return SG_OK;
 }
