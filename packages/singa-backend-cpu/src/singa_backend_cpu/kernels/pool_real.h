@@ -441,21 +441,13 @@ static void SG_R(avg_back_group)(const pgeom *q, const pplan *P, int cip, const 
     }
 }
 
-/* The gradient for one plane: dxp (H * W) from dyp (OH * OW) and, for max pooling, the forward's winners ip; share:
- * the thread's scratch of OW values. */
-static void SG_R(back_plane)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *dyp, const int64_t *ip,
-                             sg_real *dxp, sg_real *share) {
-    const int64_t ohw = q->OH * q->OW, hw = q->H * q->W, W = q->W, OW = q->OW;
-    memset(dxp, 0, (size_t)hw * sizeof(sg_real));
-    if (mode == POOL_MAX) { /* scatter to the forward's winners */
-        for (int64_t o = 0; o < ohw; o++) {
-            const int64_t at = ip[o];
-            if (at >= 0 && at < hw) dxp[at] += dyp[o];
-        }
-        return;
-    }
-    /* average: each output's share, dy / divisor, added to its window's taps. A dx element gets its shares in the order
-     * of the outputs (rows, then columns): within a row, taps j from the last, whose output columns come first. */
+/* The gradient of average pooling for one plane: dxp (H * W) from dyp (OH * OW); share: the thread's scratch of OW
+ * values. Each output's share, dy / divisor, is added to its window's taps. A dx element gets its shares in the order
+ * of the outputs (rows, then columns): within a row, taps j from the last, whose output columns come first. */
+static void SG_R(avg_back_plane)(const pgeom *q, const pplan *P, int cip, const sg_real *dyp, sg_real *dxp,
+                                 sg_real *share) {
+    const int64_t W = q->W, OW = q->OW;
+    memset(dxp, 0, (size_t)(q->H * W) * sizeof(sg_real));
     for (int64_t oh = 0; oh < q->OH; oh++) {
         const int64_t i0 = P->tr.lo[oh], i1 = P->tr.hi[oh], hbase = oh * q->sh - q->pt;
         if (i0 >= i1) continue;
@@ -506,16 +498,29 @@ static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real 
         idx = found;
     }
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
-    /* units of work: single planes, or groups of POOL_GROUP planes for averages too narrow for the row kernels */
-    const int64_t G = mode == POOL_AVG && !P->vec ? POOL_GROUP : 1, units = (planes + G - 1) / G;
+    if (mode == POOL_MAX) { /* scatter to the forward's winners */
+        const int64_t chunk = SG_R(pool_chunk)(planes, T);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(T) if (T > 1)
+        for (int64_t p = 0; p < planes; p++) {
+            sg_real *dxp = dx + p * hw;
+            const sg_real *dyp = dy + p * ohw;
+            const int64_t *ip = idx + p * ohw;
+            memset(dxp, 0, (size_t)hw * sizeof(sg_real));
+            for (int64_t o = 0; o < ohw; o++) {
+                const int64_t at = ip[o];
+                if (at >= 0 && at < hw) dxp[at] += dyp[o];
+            }
+        }
+        free(found);
+        return SG_OK;
+    }
+    /* units of work: single planes, or groups of POOL_GROUP planes too narrow for the row kernels */
+    const int64_t G = !P->vec ? POOL_GROUP : 1, units = (planes + G - 1) / G;
     const int64_t chunk = SG_R(pool_chunk)(units, T);
-    /* each thread's scratch: OW shares (average) */
+    /* each thread's scratch: OW shares */
     const size_t per = (size_t)(OW > 0 ? OW : 1) * sizeof(sg_real);
     char *scratch = (char *)malloc((size_t)T * per);
-    if (!scratch) {
-        free(found);
-        return SG_ENOMEM;
-    }
+    if (!scratch) return SG_ENOMEM;
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         sg_real *mine = (sg_real *)(scratch + (size_t)omp_get_thread_num() * per);
@@ -526,11 +531,9 @@ static int SG_R(pool_backward)(const pgeom *q, int mode, int cip, const sg_real 
                 SG_R(avg_back_group)(q, P, cip, dy + p0 * ohw, ohw, dx + p0 * hw, hw);
                 continue;
             }
-            for (int64_t p = p0; p < p0 + np; p++)
-                SG_R(back_plane)(q, P, mode, cip, dy + p * ohw, idx ? idx + p * ohw : NULL, dx + p * hw, mine);
+            for (int64_t p = p0; p < p0 + np; p++) SG_R(avg_back_plane)(q, P, cip, dy + p * ohw, dx + p * hw, mine);
         }
     }
     free(scratch);
-    free(found);
     return SG_OK;
 }
