@@ -28,15 +28,8 @@ if "ONNX_HOME" not in os.environ:
     os.environ["ONNX_HOME"] = _home
 
 
-@pytest.fixture(autouse=True)
-def _autograd_off():
-    """The suite checks inference; another test module leaving autograd on must not change that."""
-    from singa import autograd
-
-    prev = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = prev
+# The suite checks inference: autograd off in every case (conftest.py restores the flag afterwards).
+pytestmark = pytest.mark.usefixtures("evaluating")
 
 
 def _cases(backend: type, dev) -> dict:

@@ -89,12 +89,7 @@ def dev():
     return device.get_default_device()
 
 
-@pytest.fixture(autouse=True)
-def _inference_by_default():
-    prev = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = prev
+pytestmark = pytest.mark.usefixtures("evaluating")  # inference by default (conftest.py restores the flag)
 
 
 # -- folding -------------------------------------------------------------------------------------------------------
