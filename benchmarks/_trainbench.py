@@ -211,8 +211,9 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
                 "singa graph": (singa_stepper(spec, dev, True, init, batches), dev.synchronize)}
     if have_torch:
         steppers["torch"] = (torch_stepper(spec, init, batches), lambda: None)
-    for name, rounds in time_interleaved(steppers, *timing).items():
-        res[name].step_s, res[name].step_best = statistics.fmean(rounds), min(rounds)
+    rounds = time_interleaved(steppers, *timing)
+    for name, times in rounds.items():
+        res[name].step_s, res[name].step_best = statistics.fmean(times), min(times)
     del steppers
     gc.collect()
 
@@ -255,6 +256,14 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         f"optimizer state, activations, the graph's planned arena), each mode alone. Loss: the {n_loss} losses "
         "of singa and torch from the same initial weights (singa's, copied into torch) on the same batches "
         f"({data_desc}); the last row compares graph with eager mode.")
+    paired = [g / e for g, e in zip(rounds["singa graph"], rounds["singa eager"])]
+    table.notes.append(
+        "Graph against eager mode round by round (both rounds of a pair come from one turn of the contestants, so "
+        "a change of load from turn to turn cancels out): graph/eager step time "
+        f"{statistics.median(paired):.3f} in the median round "
+        f"({min(paired):.3f} to {max(paired):.3f}); graph mode was faster in {sum(r < 1 for r in paired)} of "
+        f"{len(paired)} rounds.")
+    table.notes.append(benchlib.openmp_note())
     if nudged:
         spread = [max_rel_diff(res[k].losses, ref.losses) for k in nudged]
         ours = max_rel_diff(res["singa eager"].losses, ref.losses)

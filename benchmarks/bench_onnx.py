@@ -13,22 +13,11 @@ model's kernel sequence for an input shape at the second run and replays it from
 from __future__ import annotations
 
 import os
-import sys
 
-# The CPU backend sets GOMP_SPINCOUNT (how long idle OpenMP threads busy-wait) when it loads its kernels, but libgomp
-# reads it once, when the first library using it loads: benchlib imports torch, whose libgomp singa's kernels then
-# share, before that. Set the backend's default here first (an explicit GOMP_SPINCOUNT or OMP_WAIT_POLICY wins), so
-# that singa runs as it does in a script that does not import torch first. Imported after torch (run_all.py), it is
-# too late: the table's note says so.
-_SPIN_TOO_LATE = False
-if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "1000"  # singa_backend_cpu.device.DEFAULT_GOMP_SPINCOUNT
-    _SPIN_TOO_LATE = "torch" in sys.modules
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import benchlib  # noqa: E402
-from benchlib import Table, best_time, ratio  # noqa: E402
+import benchlib
+from benchlib import Table, best_time, ratio
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
          "vgg19", "zfnet512"]
@@ -179,15 +168,7 @@ def run(quick: bool = False) -> Table:
         "optimisations (constants and BatchNormalization folded, the kernel sequence recorded per input shape and "
         "replayed; see singa_onnx.inference) on the CPU backend's default threads; onnxruntime runs with its default "
         f"CPU threads; onnxruntime {ort.__version__}, onnx {onnx.__version__}.")
-    spin = os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")
-    if _SPIN_TOO_LATE:
-        table.notes.append(
-            "torch was imported before this module, so singa's OpenMP threads ran on torch's libgomp with libgomp's "
-            "default busy-wait (GOMP_SPINCOUNT 300000, about a millisecond) instead of the CPU backend's 1000: on a "
-            "busy machine that slows singa_onnx several-fold (`python benchmarks/bench_onnx.py` alone avoids it).")
-    else:
-        table.notes.append(f"OpenMP: GOMP_SPINCOUNT={spin[0]}, OMP_WAIT_POLICY={spin[1]}, OMP_NUM_THREADS="
-                           f"{os.environ.get('OMP_NUM_THREADS')}.")
+    table.notes.append(benchlib.openmp_note())
     return table
 
 

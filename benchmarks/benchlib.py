@@ -12,18 +12,41 @@ import datetime
 import gc
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
+# libgomp reads GOMP_SPINCOUNT (how long idle OpenMP threads busy-wait) once, when the first library using it loads.
+# torch ships a libgomp.so.1 that singa's CPU kernels then share, so the CPU backend's own default (set when its
+# extension loads) comes too late once torch is imported: without this, singa would run on libgomp's ~1 ms default
+# busy-wait, several-fold slower on a busy machine than in a script that never imports torch. Both frameworks share
+# the one runtime, so both run with this setting; an explicit GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+SPIN_DEFAULT = "1000"  # singa_backend_cpu.device.DEFAULT_GOMP_SPINCOUNT
+SPIN_TOO_LATE = False  # True when torch was imported before benchlib could set it
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = SPIN_DEFAULT
+    SPIN_TOO_LATE = "torch" in sys.modules
 
-from singa import device
+import numpy as np  # noqa: E402
+
+from singa import device  # noqa: E402
 
 try:
     import torch
 except ImportError:  # the benchmarks still run; torch columns say n/a
     torch = None
+
+
+def openmp_note() -> str:
+    """One sentence on the OpenMP runtime settings singa and torch ran with (for a table's notes)."""
+    if SPIN_TOO_LATE:
+        return ("torch was imported before benchlib, so singa's OpenMP threads ran on torch's libgomp with libgomp's "
+                "default busy-wait (GOMP_SPINCOUNT 300000, about a millisecond): on a busy machine that slows singa "
+                "several-fold.")
+    return (f"OpenMP (one libgomp, shared by singa's CPU kernels and torch): GOMP_SPINCOUNT="
+            f"{os.environ.get('GOMP_SPINCOUNT')}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}.")
 
 
 @dataclass
@@ -150,6 +173,7 @@ def machine_facts() -> list[tuple[str, str]]:
         facts += [(f"{dev.backend_name} {k}", str(v)) for k, v in backend.info().items()]
     except Exception as exc:  # noqa: BLE001 - facts are informative; never lose the tables over them
         facts.append(("singa backend", f"unknown ({exc})"))
+    facts.append(("OpenMP", openmp_note()))
     for var in ("SINGA_DEVICE", "SINGA_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(var):
             facts.append((var, os.environ[var]))

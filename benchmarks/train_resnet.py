@@ -93,7 +93,7 @@ def spec(batch: int = BATCH) -> _trainbench.Spec:
         make_torch=make_torch,
         sample_shape=(3, 32, 32),
         batch=batch,
-        timing=(2, 8, 3),
+        timing=(2, 12, 3),
     )
 
 
