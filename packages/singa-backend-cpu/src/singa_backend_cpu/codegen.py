@@ -7,7 +7,8 @@ For every (table entry, dtype) it emits
                                                                       kernels/elementwise.c
 
 plus `cast` between every dtype pair, and `copy`, `fill` and `where`, which only move bits and so exist per item size.
-`dims` holds the shape then each operand's strides (elements), out first. Unary kernels take (alpha, beta) last.
+`dims` holds the shape then each operand's strides (elements), out first. Kernels of entries that take parameters
+(every unary one; binary ones with `params`) take (alpha, beta) last.
 
 float64 (an optional dtype of singa.dtypes) gets a kernel wherever the table declares float32, as singa.ops accepts it;
 it computes in double with the double math functions, its float literals (`0.5f`) widened to double.
@@ -103,7 +104,7 @@ def elementwise_kernels(table: dict) -> list[Kernel]:
             result, body = _store_expr(out, expr)
             kernels.append(Kernel(
                 symbol=f"sg_ew_{entry.name}_{ct.suffix}", out=out, ins=(ct,) * entry.arity, names=names, expr=body,
-                result=result, has_params=entry.arity == 1, param=ct.param,
+                result=result, has_params=entry.takes_params, param=ct.param,
                 costly=bool(_COSTLY.search(entry.expression(dt))) or dt == F16,
             ))
     return kernels

@@ -196,6 +196,15 @@ def _make_binary(entry: expressions.Elementwise) -> Callable:
             return
         _run_layout(fn, strided[dt], shape, (out, a, b), ())
 
+    def kernel_params(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby): big operands, no fast path
+        dt = a.dtype
+        if contig[dt] is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != out.shape or \
+                b.shape != out.shape:
+            _reject(name, (out, a, b), supported, out_dtypes)
+        _run_layout(contig[dt], strided[dt], out.shape, (out, a, b), (alpha, beta))
+
+    if entry.takes_params:
+        kernel = kernel_params
     kernel.__name__ = name
     return kernel
 

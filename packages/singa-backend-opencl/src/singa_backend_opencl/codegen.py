@@ -6,7 +6,8 @@ For every (table entry, dtype) it emits two kernels, one work-item per output el
     sg_ew_<name>_<dtype>_s(n, dims, out, out_off, in, in_off, ...)   any strides (0 = broadcast): `dims` is an sg_dims
                                                                       (kernels/common.cl) passed by value
 
-Unary kernels take (alpha, beta) last. The entry's C expression is pasted as it is: its variables `x`, `a`, `b`,
+Kernels of entries that take parameters (every unary one; binary ones with `params`) take (alpha, beta)
+last. The entry's C expression is pasted as it is: its variables `x`, `a`, `b`,
 `alpha`, `beta` are locals of the compute type (float for float16 and float32, the integer type for ints, int for
 bool), exactly as the CPU backend's codegen declares them. The same file renders the kernels that only move or convert
 elements: `cast` between every dtype pair, and `fill`, `copy`, `where` per item size.
@@ -125,7 +126,7 @@ def elementwise_source(entry, fp64: bool, dts: tuple | None = None) -> str:
         out = CLTYPES[BOOL] if entry.out_bool else t
         names = ["x"] if entry.arity == 1 else ["a", "b"]
         result, body = _result(out, entry.expression(dt))
-        params = param_type(dt, fp64) if entry.arity == 1 else None
+        params = param_type(dt, fp64) if entry.takes_params else None
         parts.append(_kernel_pair(f"sg_ew_{entry.name}_{t.suffix}", out, [(n, t) for n in names], body, result,
                                   params))
     return "".join(parts)

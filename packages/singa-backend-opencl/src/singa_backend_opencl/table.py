@@ -359,6 +359,20 @@ def _make_binary(entry: expressions.Elementwise) -> Callable:
             return
         _run_layout(dev, prog, symbols[dt], shape, (out, a, b), ())
 
+    packers = _param_packers(entry)
+
+    def kernel_params(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby): big operands, no fast path
+        dt = a.dtype
+        prog = programs[dt]
+        dev = out.buffer.device
+        if (prog is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != out.shape
+                or b.shape != out.shape or dt not in dev.dtypes):
+            _reject(name, (out, a, b), supported, out_dtypes)
+        pack = packers[dt][0 if dev.fp64 else 1]
+        _run_layout(dev, prog, symbols[dt], out.shape, (out, a, b), (pack(alpha), pack(beta)))
+
+    if entry.takes_params:
+        kernel = kernel_params
     kernel.__name__ = name
     return kernel
 

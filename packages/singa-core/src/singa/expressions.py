@@ -1,6 +1,7 @@
 """Element-wise kernels as one table of expressions, rendered by every backend into its own language.
 
-Each entry is a C expression over the inputs `x` (unary) or `a`, `b` (binary) and the float parameters `alpha`, `beta`.
+Each entry is a C expression over the inputs `x` (unary) or `a`, `b` (binary) and the float parameters `alpha`, `beta`
+(every unary kernel takes them; a binary one only when its entry names `params`: see `Elementwise.takes_params`).
 The expression language is the common subset of C99 (with <tgmath.h>), CUDA C++ and OpenCL C: arithmetic, comparisons,
 `?:`, and the type-generic math functions exp log sqrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf
 floor ceil rint fabs pow fmod. Backends compute float16 in float32 and round once when storing; integer types compute
@@ -40,6 +41,12 @@ class Elementwise:
         float64 computes every float32 entry in double precision too)."""
         extra = (dt.float64,) if dt.float32 in self.dtypes and dt.float64 not in self.dtypes else ()
         return tuple(self.dtypes) + extra
+
+    @property
+    def takes_params(self) -> bool:
+        """Whether its kernels take (alpha, beta) as the last arguments: every unary entry, and a binary entry that
+        reads a parameter (`name(out, a, b, alpha=0.0, beta=0.0)`)."""
+        return self.arity == 1 or bool(self.params)
 
     def expression(self, dtype: int) -> str:
         if dtype in dt.INTS + (dt.bool_,) and self.int_expr is not None:
@@ -185,6 +192,9 @@ BINARY = [
     E("ge", 2, "(a >= b)", np.greater_equal, NUMERIC, out_bool=True),
     E("eq", 2, "(a == b)", np.equal, NUMERIC + (dt.bool_,), out_bool=True),
     E("ne", 2, "(a != b)", np.not_equal, NUMERIC + (dt.bool_,), out_bool=True),
+    # parametrised: a linear combination in one pass (optimizer updates, tensor.axpy)
+    E("axpby", 2, "alpha * a + beta * b", lambda a, b, alpha, beta: alpha * a + beta * b, params=("alpha", "beta"),
+      doc="out = alpha * a + beta * b"),
     # gradients that are one expression (a: upstream gradient dy, b: the forward input x or output y)
     E("relu_grad", 2, "(b > 0 ? a : 0)", lambda a, b: np.where(b > 0, a, 0).astype(a.dtype), doc="b = x"),
     E("sigmoid_grad", 2, "a * b * (1 - b)", lambda a, b: a * b * (1 - b), doc="b = y"),

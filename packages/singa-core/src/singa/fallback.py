@@ -36,6 +36,9 @@ def _make_elementwise(entry):
     if entry.arity == 1:
         def fn(out, x, alpha=0.0, beta=0.0):
             return {"out": elementwise(entry, out.dtype, x, alpha=alpha, beta=beta)}
+    elif entry.takes_params:
+        def fn(out, a, b, alpha=0.0, beta=0.0):
+            return {"out": elementwise(entry, out.dtype, a, b, alpha=alpha, beta=beta)}
     else:
         def fn(out, a, b):
             return {"out": elementwise(entry, out.dtype, a, b)}

@@ -354,8 +354,9 @@ _LEFT_SCALAR = {
 # -- element-wise -------------------------------------------------------------------------------------------------
 
 
-def binary(name: str, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
-    """A binary entry of the expression table with numpy broadcasting; either operand may be a scalar or array."""
+def binary(name: str, a: Any, b: Any, out: Tensor | None = None, alpha: float = 0.0, beta: float = 0.0) -> Tensor:
+    """A binary entry of the expression table with numpy broadcasting; either operand may be a scalar or array.
+    `alpha`/`beta` are its float parameters, if any (axpby)."""
     entry = _TABLE.get(name)
     if entry is None or entry.arity != 2:
         raise ValueError(f"unknown binary element-wise operation {name!r}")
@@ -389,7 +390,8 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
     _supported(name, a.dtype, _entry_dtypes(entry))
     shape = a.shape if a.shape == b.shape else broadcast_shapes(name, a.shape, b.shape)
     odt = bool_ if entry.out_bool else a.dtype
-    return _run(name, name, odt, shape, a.device, (_bview(a, shape), _bview(b, shape)), _NOPARAMS, out)
+    params = {"alpha": float(alpha), "beta": float(beta)} if entry.params else _NOPARAMS
+    return _run(name, name, odt, shape, a.device, (_bview(a, shape), _bview(b, shape)), params, out)
 
 
 def _make_binary(name: str):
@@ -531,6 +533,14 @@ gelu = _make_unary("gelu")
 isnan = _make_unary("isnan")
 isinf = _make_unary("isinf")
 logical_not = _make_unary("logical_not")
+
+
+def axpby(alpha: float, a: Tensor, beta: float, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """alpha * a + beta * b in one pass over memory (numpy broadcasting; float dtypes). `out` may be `a` or `b`
+    itself: `axpby(m, buf, 1.0, g, out=buf)` is an in-place momentum update."""
+    _tensor("axpby", a)
+    _tensor("axpby", b)
+    return binary("axpby", a, b, out, alpha, beta)
 
 
 def leakyrelu(x: Tensor, alpha: float = 0.01, out: Tensor | None = None) -> Tensor:

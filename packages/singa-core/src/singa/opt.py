@@ -449,8 +449,16 @@ class Optimizer:
             return self.lr.init_value
         return self._cached("lr", p, lambda dev: self.lr(self._step_f(dev)))
 
+    @staticmethod
+    def _descend(w: Tensor, step: Tensor, lr: Any) -> None:
+        """w -= lr * step, in place: one pass for a float rate, else through the device scalar."""
+        if isinstance(lr, float):
+            ops.axpby(1.0, w, -lr, step, out=w)
+        else:
+            ops.sub(w, ops.mul(step, lr), out=w)
+
     def _decayed(self, p: Tensor, g: Tensor, weight_decay: float) -> Tensor:
-        return ops.add(g, ops.mul(p, weight_decay)) if weight_decay else g
+        return ops.axpby(1.0, g, weight_decay, p) if weight_decay else g
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lr={self.lr.init_value if type(self.lr) is Constant else self.lr!r})"
@@ -486,13 +494,13 @@ class SGD(Optimizer):
         g = self._decayed(w, g, self.weight_decay)
         if self.momentum:
             buf = st["momentum"]
-            ops.mul(buf, self.momentum, out=buf)
-            if self.dampening:
+            if self.dampening:  # the factor changes after the first step: a device scalar, not a parameter
+                ops.mul(buf, self.momentum, out=buf)
                 ops.add(buf, ops.mul(g, self._cached("damp", w, self._damp)), out=buf)
             else:
-                ops.add(buf, g, out=buf)
-            g = ops.add(g, ops.mul(buf, self.momentum)) if self.nesterov else buf
-        ops.sub(w, ops.mul(g, lr), out=w)
+                ops.axpby(self.momentum, buf, 1.0, g, out=buf)
+            g = ops.axpby(1.0, g, self.momentum, buf) if self.nesterov else buf
+        self._descend(w, g, lr)
         self._end(p, w, saved)
 
     def _damp(self, dev: Device) -> Tensor:
@@ -516,7 +524,7 @@ class _SquareScaled(Optimizer):
         acc = st[self.state_names[0]]
         self._accumulate(acc, g)
         denom = ops.add(ops.sqrt(acc), self.epsilon)
-        ops.sub(w, ops.mul(ops.div(g, denom), lr), out=w)
+        self._descend(w, ops.div(g, denom), lr)
         self._end(p, w, saved)
 
 
@@ -535,8 +543,7 @@ class RMSProp(_SquareScaled):
         self.weight_decay = float(weight_decay)
 
     def _accumulate(self, sq: Tensor, g: Tensor) -> None:
-        ops.mul(sq, self.rho, out=sq)
-        ops.add(sq, ops.mul(ops.square(g), 1.0 - self.rho), out=sq)
+        ops.axpby(self.rho, sq, 1.0 - self.rho, ops.square(g), out=sq)
 
 
 class AdaGrad(_SquareScaled):
@@ -580,12 +587,10 @@ class Adam(Optimizer):
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
         g = self._decayed(w, g, self.weight_decay)
         m, v = st["m"], st["v"]
-        ops.mul(m, self.beta_1, out=m)
-        ops.add(m, ops.mul(g, 1.0 - self.beta_1), out=m)
-        ops.mul(v, self.beta_2, out=v)
-        ops.add(v, ops.mul(ops.square(g), 1.0 - self.beta_2), out=v)
+        ops.axpby(self.beta_1, m, 1.0 - self.beta_1, g, out=m)
+        ops.axpby(self.beta_2, v, 1.0 - self.beta_2, ops.square(g), out=v)
         denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", w, self._bc2_sqrt)), self.epsilon)
-        ops.sub(w, ops.mul(ops.div(m, denom), self._cached("step_size", w, self._step_size)), out=w)
+        self._descend(w, ops.div(m, denom), self._cached("step_size", w, self._step_size))
         self._end(p, w, saved)
 
     def _t(self, dev: Device) -> Tensor:

@@ -13,7 +13,8 @@ described in `singa.backend`. Unless a primitive says otherwise:
 * shapes may be empty (a zero-sized axis) and 0-d.
 
 Element-wise kernels are generated from `singa.expressions.TABLE` (one kernel per entry, same name): unary
-``name(out, x, alpha=0.0, beta=0.0)``, binary ``name(out, a, b)``; `out` has the input dtype, or bool for comparisons.
+``name(out, x, alpha=0.0, beta=0.0)``, binary ``name(out, a, b)`` (``name(out, a, b, alpha=0.0, beta=0.0)`` for a binary
+entry with `params`, such as ``axpby``); `out` has the input dtype, or bool for comparisons.
 """
 
 from __future__ import annotations

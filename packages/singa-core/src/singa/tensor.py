@@ -749,7 +749,7 @@ def tensordot(A: Tensor, B: Tensor, axes: Any = 2) -> Tensor:
 
 def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
     """y += alpha * x, in place; returns y."""
-    return _ops.add(y, _ops.mul(x, alpha), out=y)
+    return _ops.axpby(alpha, x, 1.0, y, out=y)
 
 
 def bernoulli(p: float, t: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ PARAMS = {
     "gt_scalar": ({"alpha": 0.5}, {"alpha": 1.0}),
     "ge_scalar": ({"alpha": -1.5}, {"alpha": -2.0}),
     "eq_scalar": ({"alpha": 1.5}, {"alpha": 2.0}),
+    "axpby": ({"alpha": 0.75, "beta": -1.3}, None),
 }
 
 
@@ -180,13 +181,14 @@ def test_binary(device, case):
     H.require(device, dtype)
     entry = TABLE[name]
     gen = H.rng("binary", name, dtype)
+    params = params_for(entry, dtype)
     checks = H.Checks()
     for what, shape, inputs in binary_layouts(entry, dtype, gen):
         views = [H.broadcast(device, arr, shape) if kind == "broadcast" else H.layout(device, arr, kind)
                  for arr, kind in inputs]
         arrays = [np.broadcast_to(arr, shape) for arr, _ in inputs]
         with checks(what):
-            run(device, entry, dtype, views, arrays, shape, {}, what)
+            run(device, entry, dtype, views, arrays, shape, params, what)
     checks.done()
 
 
@@ -206,7 +208,7 @@ def test_binary_broadcast_3d(device, name):
             what = f"a broadcast over {pa}, b over {pb}"
             with checks(what):
                 run(device, entry, dtype, [H.broadcast(device, a, shape), H.broadcast(device, b, shape)],
-                    [np.broadcast_to(a, shape), np.broadcast_to(b, shape)], shape, {}, what)
+                    [np.broadcast_to(a, shape), np.broadcast_to(b, shape)], shape, params_for(entry, dtype), what)
     checks.done()
 
 
@@ -254,8 +256,9 @@ def test_binary_in_place(device, case):
             device.write(out, a)
             args, arrays = (out, out), (a, a)
         with checks(f"out is {which}"):
-            device.table[name](out, *args)
-            want, _ = reference(entry, dtype, list(arrays), {})
+            params = params_for(entry, dtype)
+            device.table[name](out, *args, **params)
+            want, _ = reference(entry, dtype, list(arrays), params)
             H.assert_close(H.download(device, out), want, dtype,
                            what=f"{name} [{dtypes.name(dtype)}] in place (out is {which}, at offset 2)")
     checks.done()
