@@ -198,7 +198,8 @@ def test_backend_errors_are_reported_per_backend(tmp_path):
     rep = info_json(pythonpath=path, env={"SINGA_DEVICE": "flaky:1"})
     (b,) = [b for b in rep["backends"] if b["name"] == "flaky"]
     assert b["errors"] == ["info(): RuntimeError: driver query failed"]
-    assert b["devices"][0] == {"name": "flaky:0", "description": "flaky device zero"}
+    assert b["devices"][0] == {"name": "flaky:0", "description": "flaky device zero",
+                             "dtypes": ["float32", "float16", "int32", "int64", "bool"]}
     assert b["devices"][1]["error"] == "OSError: device 1 fell off the bus"
     assert b["kernels"]["implemented"] == 1
     assert rep["default_device"]["device"] == "flaky:1"  # selecting does not need description()

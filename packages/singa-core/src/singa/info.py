@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import singa
-from singa import plugins, primitives
+from singa import dtypes, plugins, primitives
 
 
 def _error(exc: BaseException) -> str:
@@ -73,6 +73,7 @@ def _backend_report(name: str, backend, origin: str) -> dict[str, Any]:
             dev = device_mod.get_device(f"{name}:{i}")
             entry["name"] = dev.name
             entry["description"] = dev.description()
+            entry["dtypes"] = [dtypes.name(t) for t in sorted(dev.dtypes)]
             # Every device of a backend shares its kernel table; the first one that comes up tells coverage.
             if rep["kernels"] is None:
                 rep["kernels"] = kernel_coverage(dev)
@@ -166,6 +167,7 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
                 add(f"    device {d['name']}: error: {d['error']}")
             else:
                 add(f"    device {d['name']}: {d['description']}")
+                add(f"      dtypes: {', '.join(d['dtypes'])}")
         k = b["kernels"]
         if k is None:
             add("    kernels: unknown (no device could be created)")
