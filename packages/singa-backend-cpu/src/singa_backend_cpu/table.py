@@ -9,11 +9,10 @@ layouts have their axes merged where the memory allows, then go to the strided C
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args
-from singa.backend import View, contiguous_strides
+from singa.backend import View
 from singa_backend_cpu.device import ffi, lib
 
 F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
@@ -25,23 +24,12 @@ _NULL = ffi.NULL
 
 # -- helpers ------------------------------------------------------------------------------------------------------
 
-_layouts: dict[tuple, tuple[tuple, int]] = {}
-
-
-def _layout(shape: tuple) -> tuple[tuple, int]:
-    """(contiguous strides, element count) of a shape, memoised: the fast paths look it up on every call."""
-    lay = _layouts.get(shape)
-    if lay is None:
-        lay = (contiguous_strides(shape), math.prod(shape))
-        if len(_layouts) < 8192:
-            _layouts[shape] = lay
-    return lay
-
-
-def _describe(v) -> str:
-    return "None" if v is None else f"{dtypes.name(v.dtype)}{list(v.shape)}"
-
-
+_layouts = kernel_args.LAYOUTS
+_layout = kernel_args.layout
+_coalesce = kernel_args.coalesce
+_element_bits = kernel_args.element_bits
+_out_dtypes = kernel_args.elementwise_out_dtypes
+_describe = kernel_args.describe
 _STATUS = {1: MemoryError, 2: TypeError, 3: IndexError, 4: ValueError}
 
 
@@ -52,32 +40,12 @@ def _check(status: int, name: str, views: tuple, detail: str = "") -> None:
         raise _STATUS[status](f"cpu kernel {name}({args}): {kind}{': ' + detail if detail else ''}")
 
 
-def _dtype_error(name: str, views: tuple, supported) -> TypeError:
-    names = ", ".join(dtypes.name(d) for d in supported)
-    args = ", ".join(_describe(v) for v in views)
-    return TypeError(f"cpu kernel {name}({args}): unsupported dtypes (inputs may be {names})")
+def _dtype_error(name: str, views: tuple, supported) -> Exception:
+    return kernel_args.dtype_error("cpu", name, views, supported)
 
 
 def _shape_error(name: str, views: tuple, what: str) -> ValueError:
-    return ValueError(f"cpu kernel {name}({', '.join(_describe(v) for v in views)}): {what}")
-
-
-def _coalesce(shape: tuple, strides: list) -> tuple[list, list]:
-    """Drop size-1 axes and merge neighbours that every operand walks as one axis."""
-    dims: list = []
-    merged: list = [[] for _ in strides]
-    for axis, size in enumerate(shape):
-        if size == 1:
-            continue
-        if dims and all(st[axis] * size == m[-1] for st, m in zip(strides, merged)):
-            dims[-1] *= size
-            for st, m in zip(strides, merged):
-                m[-1] = st[axis]
-            continue
-        dims.append(size)
-        for st, m in zip(strides, merged):
-            m.append(st[axis])
-    return dims, merged
+    return kernel_args.shape_error("cpu", name, views, what)
 
 
 def _run_layout(contig: Callable, strided: Callable, shape: tuple, views: tuple, extra: tuple) -> None:
@@ -118,33 +86,6 @@ def _norm_axis(axis: int, ndim: int, name: str) -> int:
     return kernel_args.norm_axis(axis, ndim, name, "cpu")
 
 
-# -- element bits for fill and pad --------------------------------------------------------------------------------
-
-_FLOAT_MAX = {F32: 3.4028234663852886e38, F16: 65504.0, F64: math.inf}
-_FLOAT_FORMATS = {F32: ("<f", "<I"), F16: ("<e", "<H"), F64: ("<d", "<Q")}  # struct formats: value, bits
-
-
-def _element_bits(dtype: int, value) -> int:
-    """The bit pattern of `value` converted to `dtype` the way numpy converts it (floats round, ints truncate)."""
-    if dtype in FLOATS:
-        fmt, ufmt = _FLOAT_FORMATS[dtype]
-        v = float(value)
-        if math.isfinite(v) and abs(v) > _FLOAT_MAX[dtype]:
-            try:
-                return struct.unpack(ufmt, struct.pack(fmt, v))[0]
-            except OverflowError:  # beyond the largest finite value after rounding: infinity, like numpy
-                v = math.copysign(math.inf, v)
-        return struct.unpack(ufmt, struct.pack(fmt, v))[0]
-    if dtype == BOOL:
-        return 1 if value else 0
-    v = value if isinstance(value, int) else float(value)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError(f"cannot convert {value!r} to {dtypes.name(dtype)}")
-        v = int(v)  # toward zero
-    return v & ((1 << (8 * ITEMSIZE[dtype])) - 1)
-
-
 # -- element-wise -------------------------------------------------------------------------------------------------
 
 
@@ -156,20 +97,9 @@ def _functions(pattern: str, dts) -> list:
     return fns
 
 
-def _out_dtypes(entry: expressions.Elementwise) -> list:
-    return [BOOL if entry.out_bool else dt for dt in range(8)]
-
-
 def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
     """Raise the error that explains why the fast checks refused these views."""
-    first = views[1]
-    shape = views[0].shape
-    if (first.dtype not in supported or any(v.dtype != first.dtype for v in views[2:])
-            or views[0].dtype != out_dtypes[first.dtype]):
-        raise _dtype_error(name, views, supported)
-    if any(v.shape != shape for v in views[1:]):
-        raise _shape_error(name, views, "inputs must arrive broadcast to the output's shape")
-    raise AssertionError("unreachable")
+    raise kernel_args.elementwise_error("cpu", name, views, supported, out_dtypes)
 
 
 # Both factories below keep the hot path to a handful of attribute reads, tuple compares and one C call: this is

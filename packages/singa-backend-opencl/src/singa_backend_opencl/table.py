@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args
-from singa.backend import View, contiguous_strides
+from singa.backend import View
 from singa_backend_opencl import clblast, codegen
 from singa_backend_opencl.device import F32 as PF32
 from singa_backend_opencl.device import F64 as PF64
@@ -157,58 +157,25 @@ def source_of(program: str, dev) -> str:
 
 # -- helpers ------------------------------------------------------------------------------------------------------
 
-_layouts: dict[tuple, tuple[tuple, int]] = {}
+_layouts = kernel_args.LAYOUTS
+_layout = kernel_args.layout
+_coalesce = kernel_args.coalesce
+_describe = kernel_args.describe
+_element_bits = kernel_args.element_bits
+_out_dtypes = kernel_args.elementwise_out_dtypes
 
 
-def _layout(shape: tuple) -> tuple[tuple, int]:
-    """(contiguous strides, element count) of a shape, memoised: the fast paths look it up on every call."""
-    lay = _layouts.get(shape)
-    if lay is None:
-        lay = (contiguous_strides(shape), math.prod(shape))
-        if len(_layouts) < 8192:
-            _layouts[shape] = lay
-    return lay
-
-
-def _describe(v) -> str:
-    return "None" if v is None else f"{dtypes.name(v.dtype)}{list(v.shape)}"
-
-
-def _dtype_error(name: str, views: tuple, supported) -> TypeError:
-    dev = next((v.buffer.device for v in views if v is not None), None)
-    for v in views:  # a dtype the device cannot do at all says so, with the reason
-        if v is not None and dev is not None and v.dtype not in dev.dtypes:
-            return dev.dtype_error(name, v.dtype)
-    names = ", ".join(dtypes.name(d) for d in supported)
-    args = ", ".join(_describe(v) for v in views)
-    return TypeError(f"opencl kernel {name}({args}): unsupported dtypes (inputs may be {names})")
+def _dtype_error(name: str, views: tuple, supported) -> Exception:
+    return kernel_args.dtype_error("opencl", name, views, supported)
 
 
 def _shape_error(name: str, views: tuple, what: str) -> ValueError:
-    return ValueError(f"opencl kernel {name}({', '.join(_describe(v) for v in views)}): {what}")
+    return kernel_args.shape_error("opencl", name, views, what)
 
 
 def _check_device(name: str, dt: int, dev) -> None:
     if dt not in dev.dtypes:
         raise dev.dtype_error(name, dt)
-
-
-def _coalesce(shape: tuple, strides: list) -> tuple[list, list]:
-    """Drop size-1 axes and merge neighbours that every operand walks as one axis."""
-    dims: list = []
-    merged: list = [[] for _ in strides]
-    for axis, size in enumerate(shape):
-        if size == 1:
-            continue
-        if dims and all(st[axis] * size == m[-1] for st, m in zip(strides, merged)):
-            dims[-1] *= size
-            for st, m in zip(strides, merged):
-                m[-1] = st[axis]
-            continue
-        dims.append(size)
-        for st, m in zip(strides, merged):
-            m.append(st[axis])
-    return dims, merged
 
 
 def _pack_dims(dims: list, strides: list) -> bytes:
@@ -276,52 +243,15 @@ def _acc(dev, value: float) -> bytes:
     return PF64(value) if dev.fp64 else PF32(value)
 
 
-# -- element bits for fill and pad --------------------------------------------------------------------------------
-
-_FLOAT_MAX = {F32: 3.4028234663852886e38, F16: 65504.0}
-
-
-def _element_bits(dtype: int, value) -> int:
-    """The bit pattern of `value` converted to `dtype` the way numpy converts it (floats round, ints truncate)."""
-    if dtype in FLOATS:
-        fmt, ufmt = ("<f", "<I") if dtype == F32 else ("<e", "<H")
-        v = float(value)
-        if math.isfinite(v) and abs(v) > _FLOAT_MAX[dtype]:
-            try:
-                return struct.unpack(ufmt, struct.pack(fmt, v))[0]
-            except OverflowError:  # beyond the largest finite value after rounding: infinity, like numpy
-                v = math.copysign(math.inf, v)
-        return struct.unpack(ufmt, struct.pack(fmt, v))[0]
-    if dtype == BOOL:
-        return 1 if value else 0
-    v = value if isinstance(value, int) else float(value)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError(f"cannot convert {value!r} to {dtypes.name(dtype)}")
-        v = int(v)  # toward zero
-    return v & ((1 << (8 * ITEMSIZE[dtype])) - 1)
-
-
 _BITS_FMT = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
 
 
 # -- element-wise -------------------------------------------------------------------------------------------------
 
 
-def _out_dtypes(entry: expressions.Elementwise) -> list:
-    return [BOOL if entry.out_bool else dt for dt in range(8)]
-
-
 def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
     """Raise the error that explains why the fast checks refused these views."""
-    first = views[1]
-    shape = views[0].shape
-    if (first.dtype not in supported or any(v.dtype != first.dtype for v in views[2:])
-            or views[0].dtype != out_dtypes[first.dtype]):
-        raise _dtype_error(name, views, supported)
-    if any(v.shape != shape for v in views[1:]):
-        raise _shape_error(name, views, "inputs must arrive broadcast to the output's shape")
-    raise _dtype_error(name, views, supported)  # float16 on a device without it
+    raise kernel_args.elementwise_error("opencl", name, views, supported, out_dtypes)
 
 
 def _param_packers(entry) -> list:
