@@ -20,9 +20,11 @@ import bench_matmul
 import bench_onnx
 import bench_opencl
 import bench_overhead
+import bench_pool
 import benchlib
 
-BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, train_cnn, train_resnet, bench_opencl, bench_onnx]
+BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, train_cnn, train_resnet, bench_opencl,
+              bench_onnx]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
