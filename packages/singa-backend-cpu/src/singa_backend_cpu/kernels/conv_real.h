@@ -94,6 +94,75 @@ static void SG_R(scratch_close)(SG_R(scratch) *s) {
     free(s->tmp);
 }
 
+/* -- the per-thread driver ----------------------------------------------------------------------------------- */
+/* A worker computes items [lo, hi) of a call (images, planes or channels) into `out` on scratch of its own; `par`
+ * says that it is the only thread, so that it may split its own loops. It returns an SG_* status. */
+typedef int (*SG_R(range_fn))(const void *ctx, int64_t lo, int64_t hi, sg_real *out, int par);
+
+/* Items [0, n) as T contiguous ranges, one per thread. nsum == 0: the workers write disjoint parts of out. nsum > 0:
+ * each thread sums its items into nsum elements of its own (thread 0 into out, a thread with no items zeroes its
+ * copy), which are then added into out in thread order, each thread a slice of it: the same sums for the same T. */
+static int SG_R(over_threads)(int T, int64_t n, int64_t nsum, SG_R(range_fn) fn, const void *ctx, sg_real *out) {
+    sg_real *partial = nsum && T > 1 ? (sg_real *)malloc((size_t)(nsum * (T - 1)) * sizeof(sg_real)) : NULL;
+    if (nsum && T > 1 && !partial) return SG_ENOMEM;
+    int err = SG_OK;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+        sg_real *mine = nsum && t > 0 ? partial + (t - 1) * nsum : out;
+        int e = SG_OK;
+        if (nsum && hi <= lo)
+            memset(mine, 0, (size_t)nsum * sizeof(sg_real));
+        else
+            e = fn(ctx, lo, hi, mine, nt == 1);
+        if (e) {
+#pragma omp atomic write
+            err = e;
+        }
+        if (nsum && nt > 1) {
+#pragma omp barrier
+            const int64_t a = sg_chunk(nsum, t, nt), b = sg_chunk(nsum, t + 1, nt);
+            for (int u = 1; u < nt; u++) {
+                const sg_real *p = partial + (u - 1) * nsum;
+#pragma omp simd
+                for (int64_t i = a; i < b; i++) out[i] += p[i];
+            }
+        }
+    }
+    free(partial);
+    return err;
+}
+
+/* -- im2col + gemm: the per-range workers ------------------------------------------------------------------------ */
+/* Images [lo, hi) in chunks of nb, operands a and b (x and w, dy and w, dy and x), into out. */
+typedef void (*SG_R(images_fn))(const geometry *q, const sg_real *a, const sg_real *b, sg_real *out, int64_t lo,
+                                int64_t hi, int64_t nb, SG_R(scratch) *s, int par);
+
+typedef struct {
+    const geometry *q;
+    const sg_real *a, *b;
+    SG_R(images_fn) run;
+    int need_col;
+} SG_R(im2col_job);
+
+static int SG_R(im2col_range)(const void *ctx, int64_t lo, int64_t hi, sg_real *out, int par) {
+    const SG_R(im2col_job) *j = (const SG_R(im2col_job) *)ctx;
+    const int64_t nb = sg_min64(chunk_images(j->q), sg_max64(hi - lo, 1));
+    SG_R(scratch) s;
+    const int err = SG_R(scratch_open)(j->q, nb, j->need_col || nb > 1, &s);
+    if (!err) j->run(j->q, j->a, j->b, out, lo, hi, nb, &s, par);
+    SG_R(scratch_close)(&s);
+    return err;
+}
+
+/* The images spread over image_threads(q) threads; nsum as over_threads (the weight gradient's per-thread sums). */
+static int SG_R(im2col_run)(const geometry *q, SG_R(images_fn) run, int need_col, const sg_real *a, const sg_real *b,
+                            sg_real *out, int64_t nsum) {
+    const SG_R(im2col_job) j = {q, a, b, run, need_col};
+    return SG_R(over_threads)(image_threads(q), q->N, nsum, SG_R(im2col_range), &j, out);
+}
+
 /* -- forward ---------------------------------------------------------------------------------------------------- */
 static void SG_R(forward_images)(const geometry *q, const sg_real *x, const sg_real *w, sg_real *y, int64_t lo,
                                  int64_t hi, int64_t nb, SG_R(scratch) *s, int par) {
@@ -122,23 +191,7 @@ static void SG_R(forward_images)(const geometry *q, const sg_real *x, const sg_r
 }
 
 static int SG_R(conv_forward)(const geometry *q, const sg_real *x, const sg_real *w, const sg_real *b, sg_real *y) {
-    const int T = image_threads(q);
-    const int need_col = !is_pointwise(q) || chunk_images(q) > 1;
-    int err = SG_OK;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
-        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
-        SG_R(scratch) s;
-        if (SG_R(scratch_open)(q, nb, need_col || nb > 1, &s)) {
-#pragma omp atomic write
-            err = SG_ENOMEM;
-        } else {
-            SG_R(forward_images)(q, x, w, y, lo, hi, nb, &s, nt == 1);
-        }
-        SG_R(scratch_close)(&s);
-    }
+    const int err = SG_R(im2col_run)(q, SG_R(forward_images), !is_pointwise(q) || chunk_images(q) > 1, x, w, y, 0);
     if (err || !b) return err;
     const int TB = sg_threads_for(q->N * q->K * q->ohw, 1 << 15);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(TB) if (TB > 1)
@@ -183,23 +236,7 @@ static void SG_R(backward_data_images)(const geometry *q, const sg_real *dy, con
 }
 
 static int SG_R(conv_backward_data)(const geometry *q, const sg_real *dy, const sg_real *w, sg_real *dx) {
-    const int T = image_threads(q);
-    int err = SG_OK;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
-        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
-        SG_R(scratch) s;
-        if (SG_R(scratch_open)(q, nb, 1, &s)) {
-#pragma omp atomic write
-            err = SG_ENOMEM;
-        } else {
-            SG_R(backward_data_images)(q, dy, w, dx, lo, hi, nb, &s, nt == 1);
-        }
-        SG_R(scratch_close)(&s);
-    }
-    return err;
+    return SG_R(im2col_run)(q, SG_R(backward_data_images), 1, dy, w, dx, 0);
 }
 
 /* -- gradient with respect to w: each thread sums its images into its own copy of dw, then the copies are added -- */
@@ -236,36 +273,5 @@ static int SG_R(conv_backward_weight)(const geometry *q, const sg_real *dy, cons
         memset(dw, 0, (size_t)nw * sizeof(sg_real));
         return SG_OK;
     }
-    const int T = image_threads(q);
-    sg_real *partial = T > 1 ? (sg_real *)malloc((size_t)(nw * (T - 1)) * sizeof(sg_real)) : NULL;
-    if (T > 1 && !partial) return SG_ENOMEM;
-    int err = SG_OK;
-#pragma omp parallel num_threads(T) if (T > 1)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t lo = q->N * t / nt, hi = q->N * (t + 1) / nt;
-        const int64_t nb = sg_min64(chunk_images(q), sg_max64(hi - lo, 1));
-        sg_real *mine = t == 0 ? dw : partial + (t - 1) * nw;
-        SG_R(scratch) s;
-        if (SG_R(scratch_open)(q, nb, 1, &s)) {
-#pragma omp atomic write
-            err = SG_ENOMEM;
-        } else if (hi > lo) {
-            SG_R(backward_weight_images)(q, dy, x, mine, lo, hi, nb, &s, nt == 1);
-        } else {
-            memset(mine, 0, (size_t)nw * sizeof(sg_real));
-        }
-        SG_R(scratch_close)(&s);
-#pragma omp barrier
-        /* add the other threads' sums into dw, each thread a slice of it */
-        const int64_t a = sg_chunk(nw, t, nt), e = sg_chunk(nw, t + 1, nt);
-        for (int u = 1; u < nt; u++) {
-            const sg_real *p = partial + (u - 1) * nw;
-#pragma omp simd
-            for (int64_t i = a; i < e; i++) dw[i] += p[i];
-        }
-    }
-    free(partial);
-    return err;
+    return SG_R(im2col_run)(q, SG_R(backward_weight_images), 1, dy, x, dw, nw);
 }
-
