@@ -1,4 +1,4 @@
-/* Convolution kernels on sg_real data (instantiated by conv.c, see real.h): im2col + gemm, and direct depthwise ones. */
+/* Convolution kernels on sg_real data (instantiated by conv.c, see real.h): im2col + gemm, and direct depthwise. */
 
 /* col rows of images [n0, n0 + nb), group g: row (c, i, j), column (image, oh, ow) */
 static void SG_R(im2col)(const geometry *q, const sg_real *x, int64_t n0, int64_t nb, int64_t g, sg_real *col,
