@@ -167,12 +167,6 @@ static int SG_R(im2col_run)(const geometry *q, SG_R(images_fn) run, int need_col
 /* The direct kernels' vectors, in GCC's vector extension: 32 bytes (one AVX register, or two SSE ones). */
 typedef sg_real SG_R(dwvec) __attribute__((vector_size(32)));
 
-static inline __attribute__((always_inline)) SG_R(dwvec) SG_R(dw_load)(const sg_real *p) {
-    SG_R(dwvec) v;
-    memcpy(&v, p, sizeof v); /* an unaligned load */
-    return v;
-}
-
 /* dst[o] = init + sum over taps t of wt[t] * src[off[t] + o], taps in order, for the V vectors of outputs from dst:
  * the V sums stay in registers while the taps go by, one load and one fused multiply-add per tap and vector. */
 static inline __attribute__((always_inline)) void SG_R(dw_block)(const sg_real *src, const int64_t *off,
@@ -186,7 +180,11 @@ static inline __attribute__((always_inline)) void SG_R(dw_block)(const sg_real *
         const sg_real *s = src + off[t];
         const sg_real wv = wt[t];
 #pragma GCC unroll 8
-        for (int v = 0; v < V; v++) acc[v] += wv * SG_R(dw_load)(s + v * L);
+        for (int v = 0; v < V; v++) {
+            SG_R(dwvec) x;
+            memcpy(&x, s + v * L, sizeof x); /* an unaligned load */
+            acc[v] += wv * x;
+        }
     }
 #pragma GCC unroll 8
     for (int v = 0; v < V; v++) memcpy(dst + v * L, &acc[v], sizeof acc[v]);
