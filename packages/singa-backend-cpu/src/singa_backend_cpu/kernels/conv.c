@@ -5,6 +5,7 @@
  * chunks. Small images are batched into one chunk so that gemm gets a wide enough matrix; large ones go one by one
  * and write straight into the output. Threads own ranges of images (one-thread products inside, per-thread scratch
  * and, for dw, per-thread sums); with fewer images than threads the unfolding and the products are split instead.
+ * Depthwise convolutions (one input channel per group) skip all that: direct kernels over whole planes (dwplan below).
  * float16 is computed through float32 copies.
  */
 #include "common.h"
@@ -66,6 +67,95 @@ static int inner_threads(int par, int64_t work) { return par ? sg_threads_for(wo
 static int image_threads(const geometry *q) {
     const int T = sg_threads_for(q->N * q->K * q->ohw * (q->ckk > 0 ? q->ckk : 1), 1 << 18);
     return q->N >= T ? T : 1;
+}
+
+/* -- depthwise: one input channel per group ----------------------------------------------------------------------
+ * Direct kernels (conv_real.h: dw_*) instead of im2col and a gemm of one row per group. The input plane is copied into
+ * its zero-padded form split by stride phase: phase plane (a, b) holds the padded plane's rows a, a + sh, ... and
+ * columns b, b + sw, ..., PHs rows of pitch PWs. Tap (i, j) of output (oh, ow) is then element (oh + ri, ow + cj) of
+ * phase plane ((i dh) % sh, (j dw) % sw), with ri = (i dh) / sh and cj = (j dw) / sw: every tap is a stride-1 run, and
+ * an output plane, taken as OH rows of pitch PWs (the columns from OW on are computed and dropped), is one flat run of
+ * outputs o, each the sum over the taps t of w_t * phases[o + off_t] (dw_correlate).
+ * The data gradient is such a correlation too, of dy with the taps of each phase of dx: the padded position
+ * (ihp sh + a, iwp sw + b) gets w_ij * dy(ihp - ri, iwp - cj) from the taps with (i dh) % sh = a and (j dw) % sw = b,
+ * so dy is laid out with R = max ri zero rows above, Cc = max cj zero columns on the left, pitch Q. The weight gradient
+ * is the dot product of dy (pitch PWs, zero from column OW on) with each tap's run of the phase planes. */
+typedef struct {
+    int64_t kk;            /* taps per output channel, kh * kw */
+    int64_t PHs, PWs, PS;  /* phase planes: rows, pitch, elements from one plane to the next */
+    int64_t *xoff;         /* kk: tap t = i * kw + j's offset in the phase planes */
+    unsigned char *used;   /* sh * sw: phase planes that some tap reads (the others are never filled) */
+    int64_t R, Cc, Q;      /* data gradient: dy below R zero rows and right of Cc zero columns, pitch Q */
+    int64_t UH, UW;        /* dx phase rows [0, UH) and columns [0, UW) (the first min(OH, UH) rows of dy are read) */
+    int64_t DS;            /* elements per laid-out dy plane */
+    int64_t *pstart;       /* sh * sw + 1: phase ab = a * sw + b's taps are [pstart[ab], pstart[ab + 1]) of: */
+    int64_t *doff, *didx;  /* Kg * kk: offset in the Kg laid-out dy planes, weight index m * kk + t in the group */
+} dwplan;
+
+/* Output elements per pass of the direct kernels' flat runs: their buffers stay in the L1 cache. */
+#define DW_CHUNK 1024
+/* Bytes of outputs one block of the correlation keeps in registers (conv_real.h: dw_block). */
+#define DW_BLOCK_BYTES 256
+
+/* The direct kernels take the convolutions with one input channel per group and more than one group. One group of
+ * one channel stays with im2col: there one gemm computes all K filters, which was twice as fast at 64 images of
+ * 28 x 28 with 32 filters of 5 x 5, and the direct weight gradient, split over channels, would run on one thread.
+ * Paddings are never negative (table.py), checked anyway. */
+static int is_depthwise(const geometry *q) {
+    return q->Cg == 1 && q->G > 1 && q->pt >= 0 && q->pl >= 0 && q->pb >= 0 && q->pr >= 0;
+}
+
+static void dw_plan_close(dwplan *p) { free(p->xoff); }
+
+static int dw_plan_open(const geometry *q, dwplan *p) {
+    const int64_t kk = q->kh * q->kw, nph = q->sh * q->sw, nt = q->Kg * kk;
+    p->kk = kk;
+    p->xoff = (int64_t *)malloc((size_t)(kk + nph + 1 + 2 * nt) * sizeof(int64_t) + (size_t)nph);
+    if (!p->xoff) return SG_ENOMEM;
+    p->pstart = p->xoff + kk;
+    p->doff = p->pstart + nph + 1;
+    p->didx = p->doff + nt;
+    p->used = (unsigned char *)(p->didx + nt);
+    /* forward and weight gradient: the padded extent that the outputs read, split by phase */
+    const int64_t PH = (q->OH - 1) * q->sh + (q->kh - 1) * q->dh + 1;
+    const int64_t PW = (q->OW - 1) * q->sw + (q->kw - 1) * q->dw + 1;
+    p->PHs = (PH + q->sh - 1) / q->sh;
+    p->PWs = (PW + q->sw - 1) / q->sw;
+    p->PS = (p->PHs + 1) * p->PWs; /* a spare row: the dropped columns of the last rows read a little past the end */
+    memset(p->used, 0, (size_t)nph);
+    for (int64_t i = 0; i < q->kh; i++)
+        for (int64_t j = 0; j < q->kw; j++) {
+            const int64_t ph = (i * q->dh % q->sh) * q->sw + j * q->dw % q->sw;
+            p->xoff[i * q->kw + j] = ph * p->PS + (i * q->dh / q->sh) * p->PWs + j * q->dw / q->sw;
+            p->used[ph] = 1;
+        }
+    /* data gradient */
+    p->R = (q->kh - 1) * q->dh / q->sh;
+    p->Cc = (q->kw - 1) * q->dw / q->sw;
+    p->UH = (q->pt + q->H + q->sh - 1) / q->sh;
+    p->UW = (q->pl + q->W + q->sw - 1) / q->sw;
+    p->Q = p->Cc + sg_max64(q->OW, p->UW);
+    p->DS = (p->UH + p->R + 1) * p->Q;
+    int64_t at = 0;
+    for (int64_t a = 0; a < q->sh; a++)
+        for (int64_t b = 0; b < q->sw; b++) {
+            p->pstart[a * q->sw + b] = at;
+            for (int64_t m = 0; m < q->Kg; m++)
+                for (int64_t i = 0; i < q->kh; i++)
+                    for (int64_t j = 0; j < q->kw; j++) {
+                        if (i * q->dh % q->sh != a || j * q->dw % q->sw != b) continue;
+                        p->doff[at] = m * p->DS + (p->R - i * q->dh / q->sh) * p->Q + p->Cc - j * q->dw / q->sw;
+                        p->didx[at++] = m * kk + i * q->kw + j;
+                    }
+        }
+    p->pstart[nph] = at;
+    return SG_OK;
+}
+
+/* Threads for `items` planes or channels of a depthwise call */
+static int dw_threads(const geometry *q, int64_t items) {
+    const int T = sg_threads_for(q->N * q->K * q->ohw * q->kh * q->kw, 1 << 17);
+    return items < T ? (int)sg_max64(items, 1) : T;
 }
 
 #define SG_REAL_TEMPLATE "conv_real.h"

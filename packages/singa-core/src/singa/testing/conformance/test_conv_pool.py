@@ -41,6 +41,21 @@ CONV_CASES = [
     ((2, 2, 8, 8), (3, 2, 2), (3, 3), (0, 1, 1, 0), (1, 1), 1, False),  # stride > kernel: untouched inputs
 ]
 
+# Depthwise: one input channel per group (the CPU backend's direct kernels), channel multiplier K / groups 1 to 3.
+DEPTHWISE_CASES = [
+    ((1, 4, 9, 9), (4, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, True),  # batch 1
+    ((5, 3, 10, 9), (6, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 3, False),  # batch 5, multiplier 2, stride 2
+    ((2, 4, 11, 12), (4, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 4, True),  # 5x5
+    ((5, 2, 12, 11), (4, 5, 5), (2, 2), (2, 1, 2, 3), (1, 1), 2, True),  # 5x5, stride 2, asymmetric padding
+    ((1, 3, 10, 11), (3, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 3, False),  # dilation 2
+    ((2, 4, 9, 13), (8, 3, 5), (2, 1), (0, 2, 1, 1), (1, 2), 4, True),  # 3x5, uneven stride and dilation
+    ((2, 3, 7, 8), (9, 2, 1), (1, 3), (1, 0, 0, 2), (2, 1), 3, False),  # 2x1, multiplier 3, stride 3 > kernel
+    ((3, 2, 6, 5), (2, 1, 1), (2, 2), (0, 0, 1, 1), (1, 1), 2, True),  # 1x1
+    ((1, 2, 3, 3), (2, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 2, False),  # kernel larger than the input
+    ((2, 3, 30, 37), (3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 3, True),  # planes longer than a few vectors
+    ((1, 2, 33, 30), (4, 3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 2, False),  # the same at stride 2
+]
+
 
 def _conv_id(case):
     (n, c, h, w), (k, kh, kw), s, p, d, g, b = case
@@ -68,7 +83,7 @@ def _conv(device, x, w, b, oh, ow, params, dtype, offset=False):
 
 
 @pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
-@pytest.mark.parametrize("case", CONV_CASES, ids=_conv_id)
+@pytest.mark.parametrize("case", CONV_CASES + DEPTHWISE_CASES, ids=_conv_id)
 def test_conv2d(device, case, dtype):
     H.require(device, dtype)
     gen = H.rng("conv", case, dtype)
@@ -80,7 +95,7 @@ def test_conv2d(device, case, dtype):
 
 
 @pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
-@pytest.mark.parametrize("case", CONV_CASES, ids=_conv_id)
+@pytest.mark.parametrize("case", CONV_CASES + DEPTHWISE_CASES, ids=_conv_id)
 def test_conv2d_backward(device, case, dtype):
     H.require(device, dtype)
     gen = H.rng("conv-bwd", case, dtype)
@@ -110,6 +125,35 @@ def test_conv2d_backward(device, case, dtype):
     for name, rhs in (("<x, backward_data(dy)>", np.sum(x.astype(np.float64) * dx)),
                       ("<w, backward_weight(dy)>", np.sum(w.astype(np.float64) * dw))):
         assert abs(lhs - rhs) <= rtol * mag + atol, f"<conv(x, w), dy> = {lhs} but {name} = {rhs} ({_conv_id(case)})"
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=dtypes.name)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv2d_depthwise_non_finite(device, stride, dtype):
+    """An infinity or a NaN in x or dy reaches exactly the outputs and gradients whose sums take it in."""
+    H.require(device, dtype)
+    case = ((2, 3, 9, 10), (6, 3, 3), (stride, stride), (1, 1, 1, 1), (1, 1), 3, False)
+    gen = H.rng("conv-dw-nonfinite", stride, dtype)
+    x, w, _, oh, ow, params = _conv_setup(case, dtype, gen)
+    dy = H.draw(gen, (2, 6, oh, ow), dtype, -1, 1)
+    x[0, 1, 4, 9] = np.inf  # the last column: read by the right edge of the windows only
+    x[1, 2, 0, 3] = -np.inf
+    x[1, 0, 8, 0] = np.nan
+    dy[0, 4, 2, 3] = np.inf  # an output whose window lies inside x (padding is zeros: inf * 0 is left open)
+    got = _conv(device, x, w, None, oh, ow, params, dtype)
+    with np.errstate(invalid="ignore"):
+        H.assert_close(got, conv_ref(x, w, None, oh, ow, **params), dtype,
+                       scale=conv_ref(np.abs(x), np.abs(w), None, oh, ow, **params), what="conv2d, non-finite x")
+        dx = H.empty(device, x.shape, dtype)
+        device.table["conv2d_backward_data"](dx, H.upload(device, dy), H.upload(device, w), **params)
+        H.assert_close(H.download(device, dx), conv_backward_data_ref(dy, w, x.shape, **params), dtype,
+                       scale=conv_backward_data_ref(np.abs(dy), np.abs(w), x.shape, **params),
+                       what="conv2d_backward_data, non-finite dy")
+        dw = H.empty(device, w.shape, dtype)
+        device.table["conv2d_backward_weight"](dw, H.upload(device, dy), H.upload(device, x), **params)
+        H.assert_close(H.download(device, dw), conv_backward_weight_ref(dy, x, w.shape, **params), dtype,
+                       scale=conv_backward_weight_ref(np.abs(dy), np.abs(x), w.shape, **params),
+                       what="conv2d_backward_weight, non-finite x and dy")
 
 
 def test_conv2d_backward_finite_differences(device):
