@@ -15,6 +15,7 @@ from pathlib import Path
 import train_cnn
 import train_resnet
 
+import bench_conv
 import bench_elementwise
 import bench_matmul
 import bench_onnx
@@ -23,8 +24,8 @@ import bench_overhead
 import bench_pool
 import benchlib
 
-BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, train_cnn, train_resnet, bench_opencl,
-              bench_onnx]
+BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench_conv, train_cnn, train_resnet,
+              bench_opencl, bench_onnx]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
