@@ -17,6 +17,7 @@ from onnx import helper  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
 
 from singa import autograd, device, model, opt, sonnx, tensor  # noqa: E402
+from singa.backend import contiguous_strides  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -332,6 +333,44 @@ def test_lrn_gradient(dev):
     loss = autograd.reduce_sum(autograd.mul(y, tensor.Tensor(device=dev, data=r.astype(np.float32))), None, 0)
     grads = {id(p): g for p, g in autograd.backward(loss)}
     np.testing.assert_allclose(tensor.to_numpy(grads[id(tx)]), num, rtol=1e-3, atol=1e-4)
+
+
+def fc_stack():
+    """Flatten -> Gemm (transB=1, as exporters write a linear layer) -> Relu -> Gemm (alpha, beta) -> MatMul by a
+    one-column weight: at batch 1 every product has a single output row (and the last one a single column too)."""
+    inits = [nh.from_array(arr(32, 48, scale=0.2), "W1"), nh.from_array(arr(32, scale=0.1), "b1"),
+             nh.from_array(arr(32, 24, scale=0.2), "W2"), nh.from_array(arr(24, scale=0.1), "b2"),
+             nh.from_array(arr(24, 1, scale=0.2), "W3")]
+    nodes = [helper.make_node("Flatten", ["x"], ["f"]),
+             helper.make_node("Gemm", ["f", "W1", "b1"], ["g1"], transB=1),
+             helper.make_node("Relu", ["g1"], ["r1"]),
+             helper.make_node("Gemm", ["r1", "W2", "b2"], ["g2"], alpha=0.5, beta=2.0),
+             helper.make_node("MatMul", ["g2", "W3"], ["y"])]
+    return make_model(nodes, [vi("x", ["N", 3, 4, 4])], [vi("y", ["N", 1])], inits)
+
+
+def test_fully_connected_layers_read_their_weights_in_place(dev):
+    m = fc_stack()
+    rep = sonnx.prepare(m, dev)
+    for n in (1, 1, 1, 3, 3, 3):  # batch 1: single-row products; batch 3: the last one a single column
+        x = arr(n, 3, 4, 4)
+        runs = [rep.run([x])[0] for _ in range(3)]
+        for got in runs:
+            np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(got, runs[0])
+    plan = rep.inference_plan()
+    calls = [c for r in plan._graphs.values() if r is not None for c in r.graph.calls]
+    assert plan.graphs() == 2
+    # the transposed weight is handed to the product with a transpose flag, not copied at every run
+    assert not [c.name for c in calls if c.kind != "kernel" or c.name == "copy"]
+    products = [c for c in calls if c.name == "matmul"]
+    assert len(products) == 6
+    for c in products:
+        for spec in c.specs:
+            shape, strides = spec[3], spec[4]
+            assert strides == contiguous_strides(shape), (c.params, shape, strides)
+    assert [c.params["trans_b"] for c in products] == [True, False, False] * 2
+    assert [c.specs[2][3][1:] for c in products[:3]] == [(32, 48), (32, 24), (24, 1)]  # the weights as stored
 
 
 # -- onnx's own cases, each run three times: eager, recorded, replayed ----------------------------------------------

@@ -1,12 +1,14 @@
-/* Batched matrix products: float32 and float64 through OpenBLAS sgemm / dgemm (gemm_real.h), float16 through float32
- * copies, integers with plain loops. Operands are contiguous (batch, rows, cols) arrays; a batch count of 1 broadcasts
- * that operand over the batch. */
+/* Batched matrix products: float32 and float64 through OpenBLAS sgemm / dgemm, or sgemv / dgemv for a single row or
+ * column (gemm_real.h), float16 through float32 copies, integers with plain loops. Operands are contiguous (batch, rows,
+ * cols) arrays; a batch count of 1 broadcasts that operand over the batch. */
 #include "common.h"
 #include "cblas.h" /* scipy-openblas32's header: every symbol carries the scipy_ prefix */
 
 #define GEMM_PAR_FLOPS 4.0e6 /* below this a product stays on one thread */
 #define blas_gemm_f32 scipy_cblas_sgemm
 #define blas_gemm_f64 scipy_cblas_dgemm
+#define blas_gemv_f32 scipy_cblas_sgemv
+#define blas_gemv_f64 scipy_cblas_dgemv
 
 #define SG_REAL_TEMPLATE "gemm_real.h"
 #include "real.h"

@@ -1,7 +1,23 @@
 /* Products of sg_real matrices through OpenBLAS, split over the OpenMP threads (instantiated by gemm.c, see real.h). */
 
+/* One block of C on the calling thread. A single row (m == 1) or column (n == 1) of C is a matrix-vector product, and
+ * goes to BLAS gemv, which streams the matrix once at memory speed: OpenBLAS's gemm runs such a product about 4 times
+ * slower (on the 2-core development machine, one thread, 1 x 9216 @ (4096 x 9216)^T took 30 ms through sgemm and
+ * 7.5 ms through sgemv). gemv has gemm's alpha / beta meaning, including that beta == 0 never reads C. sg_gemm splits
+ * such a product over the threads like any other (by C's columns for a row, by its rows for a column): each block
+ * stays a row or column, and a second core adds memory bandwidth (4.3 ms for the same product on two threads). */
 static void SG_R(gemm1)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real alpha, const sg_real *a, int64_t lda,
                         const sg_real *b, int64_t ldb, sg_real beta, sg_real *c, int64_t ldc) {
+    if (m == 1) { /* c = op(B)^T a: a's k entries lie 1 apart, or lda apart when A is stored k x 1 */
+        SG_R(blas_gemv)(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, (blasint)(tb ? n : k), (blasint)(tb ? k : n),
+                        alpha, b, (blasint)ldb, a, (blasint)(ta ? lda : 1), beta, c, 1);
+        return;
+    }
+    if (n == 1) { /* c = op(A) b: b's k entries lie ldb apart, or 1 apart when B is stored 1 x k; c's lie ldc apart */
+        SG_R(blas_gemv)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, (blasint)(ta ? k : m), (blasint)(ta ? m : k),
+                        alpha, a, (blasint)lda, b, (blasint)(tb ? 1 : ldb), beta, c, (blasint)ldc);
+        return;
+    }
     SG_R(blas_gemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
                     (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }

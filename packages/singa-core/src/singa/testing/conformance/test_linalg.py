@@ -1,5 +1,5 @@
-"""matmul: transposes, batch broadcasting, alpha/beta accumulation, integer, float16 and float64 dtypes, empty
-dimensions."""
+"""matmul: transposes, batch broadcasting, alpha/beta accumulation, integer, float16 and float64 dtypes, single-row and
+single-column products, empty dimensions."""
 
 from __future__ import annotations
 
@@ -54,6 +54,32 @@ def test_matmul(device, dtype, trans_a, trans_b):
         _matmul_case(device, dtype, gen, 2, 2, 2, 67, 45, 129, trans_a, trans_b, 1.0, 0.0, "larger than a tile")
     with checks("1x1x1"):
         _matmul_case(device, dtype, gen, 1, 1, 1, 1, 1, 1, trans_a, trans_b, 1.0, 0.0, "1x1x1")
+    checks.done()
+
+
+@pytest.mark.parametrize("dtype", H.NUMERIC_DTYPES, ids=dtypes.name)
+@pytest.mark.parametrize(("trans_a", "trans_b"), list(itertools.product([False, True], repeat=2)),
+                         ids=lambda t: "T" if t else "N")
+def test_matmul_vector(device, dtype, trans_a, trans_b):
+    """Products with a single output row (m == 1) or column (n == 1), i.e. matrix-vector products, which a backend may
+    compute apart from the general case: alone, batched and broadcast, with alpha/beta, and long enough for a backend
+    to split one over several threads."""
+    H.require(device, dtype)
+    gen = H.rng("matmul-vector", dtype, trans_a, trans_b)
+    floats = dtypes.is_float(dtype)
+    scalars = [(1.0, 0.0), (0.5, 2.0) if floats else (2.0, 1.0)]
+    small = [(1, 37, 23, "one row"), (29, 1, 23, "one column"), (1, 1, 41, "one dot product")]
+    # past 2 million multiply-adds, so that the CPU backend splits them over threads; floats only, where the products
+    # take their own path
+    large = [(1, 300, 7000, "one long row"), (300, 1, 7000, "one long column")] if floats else []
+    batches = [(1, 1, 1), (3, 3, 3), (3, 3, 1), (3, 1, 3)]  # (B, Ba, Bb)
+    cases = [(shape, bat, sc) for shape in small for bat in batches for sc in scalars]
+    cases += [(shape, bat, sc) for shape in large for bat in [(1, 1, 1), (3, 3, 1)] for sc in scalars]
+    checks = H.Checks()
+    for i, ((m, n, k, what), (B, Ba, Bb), (alpha, beta)) in enumerate(cases):
+        with checks(f"{what} B={B} Ba={Ba} Bb={Bb} alpha={alpha} beta={beta}"):
+            _matmul_case(device, dtype, gen, B, Ba, Bb, m, n, k, trans_a, trans_b, alpha, beta, what,
+                         offset=bool(i % 2))
     checks.done()
 
 
