@@ -105,7 +105,8 @@ void sg_strided_run(int nops, const int *itemsizes, int ndim, const int64_t *dim
                     const void *ctx, int64_t thresh);
 
 /* -- float32 and float64 products (gemm.c, gemm_real.h) ---------------------------------------------------------
- * Row-major C = alpha op(A) op(B) + beta C through OpenBLAS sgemm / dgemm. OpenBLAS is kept at one thread and this
+ * Row-major C = alpha op(A) op(B) + beta C through OpenBLAS sgemm / dgemm (sgemv / dgemv when a block is one row or
+ * column: gemm reaches a quarter of the memory speed there). OpenBLAS is kept at one thread and this
  * backend splits products over its own OpenMP threads instead: one pool for every kernel, so that OpenBLAS's workers
  * and OpenMP's never compete for the cores (on a busy machine that competition made each mid-sized product wait for a
  * scheduler slice). `may_split` = 0 when the caller already runs on one of several threads. */
