@@ -43,6 +43,7 @@ class Spec:
     num_classes: int = 10
     timing: tuple[int, int, int] = (3, 5, 10)  # warm-up steps, rounds, steps per round
     quick_timing: tuple[int, int, int] = (1, 2, 2)
+    note: str | None = None  # a last note for the table (what the numbers mean for this model)
 
 
 @dataclass
@@ -276,6 +277,8 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         table.notes.append(
             "The last two columns compare each float32 run with the same training in float64 (torch, double "
             "precision throughout): how far float32 rounding alone moves the losses, for singa and for torch.")
+    if spec.note:
+        table.notes.append(spec.note)
     table.losses = {k: v.losses for k, v in res.items()}
     return table
 

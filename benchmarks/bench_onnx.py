@@ -168,6 +168,11 @@ def run(quick: bool = False) -> Table:
         "optimisations (constants and BatchNormalization folded, the kernel sequence recorded per input shape and "
         "replayed; see singa_onnx.inference) on the CPU backend's default threads; onnxruntime runs with its default "
         f"CPU threads; onnxruntime {ort.__version__}, onnx {onnx.__version__}.")
+    table.notes.append(
+        "Nearly all of singa_onnx's time is in the CPU backend's kernels (the Python left per run is about 1-3 ms at "
+        "batch 1), and convolution is most of it: im2col + sgemm per image, where onnxruntime's MLAS runs blocked "
+        "NCHWc kernels. Fully connected layers at batch 1 are matrix-vector products (OpenBLAS sgemv, near memory "
+        "speed); depthwise convolutions have their own direct kernels.")
     table.notes.append(benchlib.openmp_note())
     return table
 

@@ -29,7 +29,8 @@ BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
-           seconds: float) -> str:
+           seconds: float, busy: str | None) -> str:
+    """The markdown report; `busy`: busy_warning() as the run started (at the end it would describe our own load)."""
     out = [
         "# Performance",
         "",
@@ -39,7 +40,6 @@ def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: 
     ]
     if quick:
         out += ["**Quick run** (`--quick`): small sizes and few repeats, a smoke test rather than a result.", ""]
-    busy = benchlib.busy_warning()
     if busy:
         out += [f"**Warning:** {busy}", ""]
     out += ["## Machine", "", "| | |", "|---|---|"]
@@ -75,8 +75,9 @@ def main() -> int:
 
     t0 = time.perf_counter()
     facts = benchlib.machine_facts()
-    if benchlib.busy_warning():
-        print(f"warning: {benchlib.busy_warning()}", file=sys.stderr)
+    busy = benchlib.busy_warning()
+    if busy:
+        print(f"warning: {busy}", file=sys.stderr)
     tables = []
     for mod in BENCHMARKS:
         name = Path(mod.__file__).name
@@ -84,7 +85,7 @@ def main() -> int:
         t = mod.run(quick=args.quick)
         print(f"### {t.title}\n\n{t.markdown()}\n", flush=True)
         tables.append(t)
-    text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0)
+    text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0, busy)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)

@@ -94,6 +94,9 @@ def spec(batch: int = BATCH) -> _trainbench.Spec:
         sample_shape=(3, 32, 32),
         batch=batch,
         timing=(2, 12, 3),
+        note=("Kernels are about 97% of a step (the convolutions alone 90%: `python benchmarks/train_resnet.py "
+              "--profile [--graph]`), so what graph mode saves here is eager mode's Python (autograd, checks, "
+              "allocation): a few percent, against 15-20% on the MNIST CNN, whose kernels are small."),
     )
 
 
