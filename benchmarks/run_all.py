@@ -24,8 +24,9 @@ import bench_overhead
 import bench_pool
 import benchlib
 
+# OpenCL last: PoCL's worker threads outlive its benchmark and slowed the CPU backend's kernels after it 1.5-2x.
 BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench_conv, train_cnn, train_resnet,
-              bench_opencl, bench_onnx]
+              bench_onnx, bench_opencl]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
