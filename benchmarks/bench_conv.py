@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import benchlib
-from benchlib import Table, best_time, ratio, torch
+from benchlib import Table, torch
 from singa import ops
 
 # label, (C, H, W), channel multiplier, kernel, stride, padding
@@ -58,21 +58,7 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
         with torch.no_grad():
             for what in singa:
                 _check(ops.to_numpy(singa[what]()), tfn[what]().numpy(), f"{label} {what}")
-    rows = []
-    for what in singa:
-
-        def timed(f=singa[what]):
-            f()
-            dev.synchronize()
-
-        ms = best_time(timed, repeat, warmup=2) * 1e3
-        if what in tfn:
-            with torch.no_grad():
-                tms = best_time(tfn[what], repeat, warmup=2) * 1e3
-        else:
-            tms = None
-        rows.append([label, f"({n}, {c}, {h}, {w})", what, ms, tms, ratio(ms, tms)])
-    return rows
+    return benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat)
 
 
 def run(quick: bool = False) -> Table:

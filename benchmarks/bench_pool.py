@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import benchlib
-from benchlib import Table, best_time, ratio, torch
+from benchlib import Table, torch
 from singa import ops
 
 # label, (C, H, W), kernel, stride, padding, mode, count_include_pad
@@ -36,9 +36,10 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
     y, idx = ops.pool2d(tx, return_indices=True, **kw)  # idx is None for "avg"
     dy_np = rng.standard_normal(y.shape).astype(np.float32)
     dy = ops.from_numpy(dy_np, dev)
-    singa = {"forward": lambda: ops.pool2d(tx, **kw), "backward": lambda: ops.pool2d_backward(dy, tx, idx, **kw)}
+    singa = {"forward": lambda: ops.pool2d(tx, **kw)}
     if mode == "max":
         singa["forward, indices"] = lambda: ops.pool2d(tx, return_indices=True, **kw)
+    singa["backward"] = lambda: ops.pool2d_backward(dy, tx, idx, **kw)
     tfn = {}
     if torch is not None:
         F = torch.nn.functional
@@ -56,19 +57,7 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
             tfn["backward"] = lambda: torch.ops.aten.avg_pool2d_backward(
                 tdy, t, [k, k], [s, s], [p, p], False, cip, None)
         _check(ops.to_numpy(singa["backward"]()), tfn["backward"]().numpy(), f"{label} backward")
-    rows = []
-    for what in ("forward", "forward, indices", "backward"):
-        if what not in singa:
-            continue
-
-        def timed(f=singa[what]):
-            f()
-            dev.synchronize()
-
-        ms = best_time(timed, repeat, warmup=2) * 1e3
-        tms = best_time(tfn[what], repeat, warmup=2) * 1e3 if what in tfn else None
-        rows.append([label, f"({n}, {c}, {h}, {w})", what, ms, tms, ratio(ms, tms)])
-    return rows
+    return benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat)
 
 
 def run(quick: bool = False) -> Table:

@@ -103,6 +103,25 @@ def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1, number: in
     return best
 
 
+def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int) -> list[list]:
+    """Rows [label, shape, pass, singa ms, torch ms, singa/torch] of one layer: each pass (name -> zero-argument
+    callable) timed best-of-`repeat`, singa's ending with `dev.synchronize()`, torch's under no_grad."""
+    rows = []
+    for what, fn in singa.items():
+
+        def timed(f=fn):
+            f()
+            dev.synchronize()
+
+        ms = best_time(timed, repeat, warmup=2) * 1e3
+        tms = None
+        if what in tfn:
+            with torch.no_grad():
+                tms = best_time(tfn[what], repeat, warmup=2) * 1e3
+        rows.append([label, f"({', '.join(str(d) for d in shape)})", what, ms, tms, ratio(ms, tms)])
+    return rows
+
+
 def singa_device():
     """The device under test: the default device (SINGA_DEVICE selects another backend)."""
     return device.get_default_device()
