@@ -63,17 +63,8 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
 
 def run(quick: bool = False) -> Table:
     """Depthwise convolution forward (with bias), data gradient and weight gradient: singa vs torch."""
-    dev = benchlib.singa_device()
-    table = Table(
-        title="Depthwise 2-D convolution, float32 NCHW (ms per call, lower is better)",
-        script="bench_conv.py",
-        headers=["layer", "input", "pass", "singa", "torch", "singa/torch"],
-    )
-    rng = np.random.default_rng(0)
-    cases = [CASES[i] for i in QUICK_CASES] if quick else CASES
-    for n in (1,) if quick else (1, 8):
-        for case in cases:
-            table.rows += _case(dev, rng, n, case, 5 if quick else (20 if n == 1 else 10))
+    table = benchlib.layer_table("Depthwise 2-D convolution, float32 NCHW (ms per call, lower is better)",
+                                 "bench_conv.py", CASES, QUICK_CASES, quick, _case)
     table.notes.append(
         "groups = channels (one input channel per group), weights (C * multiplier, 1, k, k). Best of several timed "
         "calls after two warm-ups; the singa timer stops after `dev.synchronize()`. torch runs "

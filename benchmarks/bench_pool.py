@@ -62,17 +62,8 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
 
 def run(quick: bool = False) -> Table:
     """Pooling forward (inference, training with indices) and backward: singa vs torch."""
-    dev = benchlib.singa_device()
-    table = Table(
-        title="2-D pooling, float32 NCHW (ms per call, lower is better)",
-        script="bench_pool.py",
-        headers=["layer", "input", "pass", "singa", "torch", "singa/torch"],
-    )
-    rng = np.random.default_rng(0)
-    cases = [CASES[i] for i in QUICK_CASES] if quick else CASES
-    for n in (1,) if quick else (1, 8):
-        for case in cases:
-            table.rows += _case(dev, rng, n, case, 5 if quick else (20 if n == 1 else 10))
+    table = benchlib.layer_table("2-D pooling, float32 NCHW (ms per call, lower is better)", "bench_pool.py",
+                                 CASES, QUICK_CASES, quick, _case)
     table.notes.append(
         "Best of several timed calls after two warm-ups; the singa timer stops after `dev.synchronize()`. "
         "\"forward, indices\" also returns the argmax indices (training); \"backward\" is max pooling's scatter to "

@@ -122,6 +122,19 @@ def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int
     return rows
 
 
+def layer_table(title: str, script: str, cases: list, quick_cases: list[int], quick: bool,
+                case_rows: Callable[..., list[list]]) -> Table:
+    """The per-layer table of bench_pool / bench_conv: case_rows(dev, rng, n, case, repeat) gives a layer's rows
+    (pass_rows); every case at batch 1 and 8 (the quick run: the quick cases at batch 1, fewer repeats)."""
+    dev = singa_device()
+    table = Table(title=title, script=script, headers=["layer", "input", "pass", "singa", "torch", "singa/torch"])
+    rng = np.random.default_rng(0)
+    for n in (1,) if quick else (1, 8):
+        for case in ([cases[i] for i in quick_cases] if quick else cases):
+            table.rows += case_rows(dev, rng, n, case, 5 if quick else (20 if n == 1 else 10))
+    return table
+
+
 def singa_device():
     """The device under test: the default device (SINGA_DEVICE selects another backend)."""
     return device.get_default_device()
