@@ -16,6 +16,7 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -189,22 +190,67 @@ def test_singa_device_selects_the_default(value, want):
 
 
 @pytest.mark.parametrize(("env", "needles"), [
-    ({"SINGA_DEVICE": "cuda"}, ["pip install singa-backend-cuda"]),
-    ({"SINGA_DEVICE": "opencl:0"}, ["pip install singa-backend-opencl"]),
+    # SINGA's own backends: the PyPI name and the form that installs from a checkout
+    ({"SINGA_DEVICE": "cuda"}, ["`pip install singa-backend-cuda`", "`pip install ./packages/singa-backend-cuda`"]),
+    ({"SINGA_DISABLE_PLUGINS": "opencl", "SINGA_DEVICE": "opencl:0"},
+     ["opencl", "disabled by SINGA_DISABLE_PLUGINS=opencl"]),
     ({"SINGA_DEVICE": "hostmem:3"}, ["hostmem", "out of range"]),
-    ({"SINGA_DEVICE": "nosuchthing"}, ["nosuchthing", "pip install"]),
-    # without the CPU backend, the default has nowhere to go and says what to install
-    ({"SINGA_DISABLE_PLUGINS": "cpu"}, ["pip install singa-backend-cpu"]),
+    # an unknown name: what is installed, and how a third-party backend makes its name known (nothing to pip install)
+    ({"SINGA_DEVICE": "nosuchthing"}, ["nosuchthing", "installed backends: ", "hostmem", "entry point",
+                                       "`singa.backends`"]),
+    # without the CPU backend, the default has nowhere to go and says why
+    ({"SINGA_DISABLE_PLUGINS": "cpu"}, ["'cpu'", "disabled by SINGA_DISABLE_PLUGINS=cpu"]),
 ])
 def test_singa_device_errors_say_what_to_do(env, needles):
     backend = env.get("SINGA_DEVICE", "").split(":")[0]
-    if backend in ("cuda", "opencl") and _installed(f"singa-backend-{backend}"):
-        pytest.skip(f"singa-backend-{backend} is installed here")
+    if backend == "cuda" and _installed("singa-backend-cuda"):
+        pytest.skip("singa-backend-cuda is installed here")
     rep = run_json(DEFAULT, env=env)
     assert "error" in rep, f"expected an error, got {rep}"
     assert rep["error"].startswith("RuntimeError")
     for needle in needles:
         assert needle in rep["error"]
+    if backend == "nosuchthing":
+        assert "pip install" not in rep["error"], "no pseudo-command for a name nobody publishes"
+
+
+@pytest.mark.parametrize("name", ["hostmem", "HostMem", "singa-plugin-hostmem", "singa_plugin_hostmem"])
+def test_disable_plugins_takes_any_name_info_shows(name):
+    """The backend's name (first on its `singa info` line), its distribution and its entry point all disable it."""
+    rep = run_json("""
+        import json
+        from singa import info
+        rep = info.collect()
+        print(json.dumps({"backends": [b["name"] for b in rep["backends"]], "disabled": rep["disabled"]}))
+    """, env={"SINGA_DISABLE_PLUGINS": f"nosuch, {name}"})
+    assert "hostmem" not in rep["backends"]
+    assert rep["disabled"] == ["hostmem"]
+
+
+def test_disable_plugins_by_backend_name_when_the_entry_point_differs(tmp_path):
+    """A plugin whose entry point is not called like its backend is disabled by the name `singa info` shows."""
+    (tmp_path / "singa_test_alias.py").write_text(textwrap.dedent("""
+        from singa import hookimpl
+        from singa_plugin_hostmem import HostMemBackend
+
+        class Aliased(HostMemBackend):
+            name = "aliased"
+
+        @hookimpl
+        def singa_backend():
+            return Aliased()
+    """))
+    _fake_dist(tmp_path, "singa-test-alias", {"alias_ep": "singa_test_alias"})
+    code = """
+        import json
+        from singa import plugins
+        reg = plugins.registry()
+        print(json.dumps({"backends": sorted(reg.backends), "disabled": reg.disabled}))
+    """
+    assert "aliased" in run_json(code, path=[str(tmp_path)])["backends"]
+    rep = run_json(code, path=[str(tmp_path)], env={"SINGA_DISABLE_PLUGINS": "aliased"})
+    assert "aliased" not in rep["backends"]
+    assert rep["disabled"] == ["aliased"]
 
 
 # -- host fallback warnings -------------------------------------------------------------------------------------------
@@ -246,6 +292,144 @@ def test_fallback_warns_once_per_kernel_naming_it():
     assert rep["sum"] == [2.0, 2.0]
 
 
+FALLBACK = """
+    import json, warnings
+    import numpy as np
+    import singa
+    from singa import device, dtypes
+    from singa.backend import FallbackError, View
+    dev = device.get_device("hostmem")
+    x = View(dev.alloc(16), dtypes.float32, (4,))
+    dev.write(x, np.ones(4, np.float32))
+    out = View(dev.alloc(16), dtypes.float32, (4,))
+
+    def run(kernel):
+        dev.write(out, np.full(4, 7.0, np.float32))
+        try:
+            dev.table[kernel](*((out, x) if kernel == "exp" else (out, x, x)))
+            result = "ran"
+        except (FallbackError, ValueError) as e:
+            result = f"{type(e).__name__}: {e}"
+        return [result, dev.read(out).tolist()]
+
+    rep = {}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for step in STEPS:
+            if step[0] == "set":
+                try:
+                    rep.setdefault("previous", []).append(singa.set_fallback(step[1]))
+                except ValueError as e:
+                    rep.setdefault("set_errors", []).append(str(e))
+            else:
+                rep.setdefault("runs", []).append(run(step[1]))
+    rep["warnings"] = [str(m.message) for m in w if m.category.__name__ == "FallbackWarning"]
+    print(json.dumps(rep))
+"""
+
+
+def _fallback_run(steps: list, env: dict | None = None) -> dict:
+    return run_json(FALLBACK.replace("STEPS", repr(steps)), env=env)
+
+
+def test_fallback_error_mode_from_the_environment():
+    rep = _fallback_run([("run", "exp"), ("run", "add"), ("run", "exp")], env={"SINGA_FALLBACK": "error"})
+    for result, values in (rep["runs"][0], rep["runs"][2]):
+        assert result.startswith("FallbackError: ")
+        assert "'exp'" in result
+        assert "'hostmem'" in result
+        assert "SINGA_FALLBACK=error" in result
+        assert values == [7.0] * 4, "nothing is computed (or written) once the fallback is refused"
+    assert rep["runs"][1] == ["ran", [2.0] * 4], "a native kernel is never affected"
+    assert rep["warnings"] == []
+
+
+def test_fallback_silent_and_warn_modes():
+    for mode, warnings in (("silent", 0), ("warn", 1)):
+        rep = _fallback_run([("run", "exp"), ("run", "exp")], env={"SINGA_FALLBACK": mode})
+        for result, values in rep["runs"]:
+            assert result == "ran"
+            np.testing.assert_allclose(values, np.full(4, np.e), rtol=1e-6)
+        assert len(rep["warnings"]) == warnings, rep["warnings"]
+        if warnings:
+            assert "'exp'" in rep["warnings"][0]
+
+
+def test_set_fallback_overrides_the_environment_until_reset():
+    rep = _fallback_run([("set", "error"), ("run", "exp"), ("set", None), ("run", "exp"), ("set", "WARN"),
+                         ("run", "exp"), ("set", "loud")], env={"SINGA_FALLBACK": "silent"})
+    assert rep["previous"] == ["silent", "error", "silent"]  # each call returns the mode it replaced
+    assert rep["runs"][0][0].startswith("FallbackError: ")
+    assert rep["runs"][1][0] == "ran"  # back to SINGA_FALLBACK=silent
+    assert rep["runs"][2][0] == "ran"
+    assert len(rep["warnings"]) == 1  # only the run under "warn" warned
+    (bad,) = rep["set_errors"]
+    assert "'loud'" in bad
+    assert "warn, error, silent" in bad
+
+
+def test_bad_fallback_variable_is_an_error_naming_it():
+    rep = _fallback_run([("run", "add"), ("run", "exp")], env={"SINGA_FALLBACK": "loud"})
+    assert rep["runs"][0][0] == "ran"
+    assert rep["runs"][1][0].startswith("ValueError: SINGA_FALLBACK: unknown fallback mode 'loud'")
+
+
+# -- a backend installed with no device ------------------------------------------------------------------------------
+
+NODEV = """
+from singa import hookimpl
+from singa.backend import Backend
+
+
+class NoDeviceBackend(Backend):
+    name = "nodev"
+    distribution = "singa-test-nodev"
+    version = "0.0.1"
+
+    def device_count(self):
+        return 0
+
+    def create_device(self, index=0):
+        raise AssertionError(f"nodev:{index} requested from a backend that reported no device")
+
+
+@hookimpl
+def singa_backend():
+    return NoDeviceBackend()
+"""
+
+
+@pytest.fixture(scope="module")
+def nodev_site(tmp_path_factory) -> list[str]:
+    """PYTHONPATH entries that install a backend with zero devices (OpenCL without a platform, CUDA without a GPU)."""
+    site = tmp_path_factory.mktemp("nodev-site")
+    (site / "singa_test_nodev.py").write_text(NODEV)
+    _fake_dist(site, "singa-test-nodev", {"nodev": "singa_test_nodev"})
+    return [str(site)]
+
+
+def test_backend_without_devices_is_never_asked_for_one(nodev_site):
+    rep = run_json("""
+        import json
+        from singa import device
+        try:
+            device.get_device("nodev")
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+        print(json.dumps({"devices": [d.name for d in device.list_devices()], "error": error}))
+    """, path=nodev_site)
+    assert "nodev:0" not in rep["devices"]
+    assert "hostmem:0" in rep["devices"]
+    assert "backend 'nodev' is installed but found no device" in rep["error"]
+    # the whole conformance module on devices (copies between every pair of backends included) runs as if nodev were
+    # not there
+    proc = _pytest(["-q", "--pyargs", "singa.testing.conformance.test_device", "-k", "copy_between or identity"],
+                   path=nodev_site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nodev" not in proc.stdout
+
+
 # -- the conformance suite's pytest plugin ----------------------------------------------------------------------------
 
 
@@ -281,7 +465,7 @@ def test_device_fixture_parametrisation(tmp_path):
 
     bad = _pytest(["-q", "--singa-device=nosuchthing", "test_dev.py"], cwd=tmp_path)
     assert bad.returncode == 4, bad.stdout + bad.stderr  # usage error, before collecting
-    assert "pip install" in bad.stderr
+    assert "no SINGA backend named 'nosuchthing'" in bad.stderr
     out_of_range = _pytest(["-q", "--singa-device=hostmem:3", "test_dev.py"], cwd=tmp_path)
     assert out_of_range.returncode == 4
     assert "out of range" in out_of_range.stderr

@@ -16,13 +16,13 @@ Kernels never see a Tensor's Python API, only objects with the *view* attributes
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from singa import dtypes
+from singa.fallback_policy import FallbackError, FallbackWarning  # noqa: F401 - their documented home is here too
 
 
 class Buffer:
@@ -401,17 +401,3 @@ class Backend:
     def info(self) -> dict[str, str]:
         """Extra facts for `python -m singa info` (library versions, thread counts...)."""
         return {}
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def warn_once(device_name: str, kernel: str, message: str) -> None:
-    key = (device_name, kernel)
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, FallbackWarning, stacklevel=3)
-
-
-class FallbackWarning(RuntimeWarning):
-    """A primitive ran through the host fallback because the backend lacks its kernel."""

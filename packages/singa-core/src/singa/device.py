@@ -42,6 +42,9 @@ def get_device(spec: str) -> Device:
     if dev is None:
         backend = plugins.get_backend(name)
         count = backend.device_count()
+        if count == 0:
+            raise RuntimeError(f"backend {name!r} is installed but found no device on this machine "
+                               f"(`python -m singa info` says why)")
         if not 0 <= index < count:
             raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range")
         dev = backend.create_device(index)
@@ -63,6 +66,7 @@ def set_default_device(dev: Device | str) -> Device:
 
 
 def list_devices() -> list[Device]:
+    """Every device of every installed backend (a backend with no device contributes none)."""
     out = []
     for name, backend in sorted(plugins.registry().backends.items()):
         for i in range(backend.device_count()):

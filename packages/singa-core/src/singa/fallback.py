@@ -1,7 +1,8 @@
 """Host fallback: every primitive in numpy, run on a copy of the device data.
 
 A backend that lacks a kernel still works: `Device.table` wraps the function here so that it reads its input views to
-the host, computes, and writes its outputs back, warning once per (device, kernel). These functions are also the
+the host, computes, and writes its outputs back, warning once per (device, kernel) (`singa.fallback_policy`: or
+raising, or silent). These functions are also the
 executable form of the contract in `singa.primitives`: each takes host arrays named as the primitive's views, plus its
 parameters, and returns {output name: array}.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from singa import dtypes, expressions, primitives
-from singa.backend import warn_once
+from singa import dtypes, expressions, fallback_policy, primitives
 
 # -- element-wise -----------------------------------------------------------------------------------------------------
 
@@ -514,8 +514,7 @@ def make(device, name: str):
     spec = primitives.SPECIAL_BY_NAME.get(name)
 
     def kernel(*args, **params):
-        warn_once(device.name, name, f"singa: kernel {name!r} is not implemented by backend "
-                  f"{device.backend_name!r}; running it through the host fallback")
+        fallback_policy.report(device.name, device.backend_name, name)
         run_on_host(fn, spec, device, args, params)
 
     kernel.is_fallback = True

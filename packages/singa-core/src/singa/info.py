@@ -95,6 +95,18 @@ def _default_device() -> dict[str, Any]:
     return rep
 
 
+def _fallback_mode() -> dict[str, Any]:
+    from singa import fallback_policy
+
+    rep: dict[str, Any] = {fallback_policy.VARIABLE: os.environ.get(fallback_policy.VARIABLE) or None,
+                           "mode": None, "error": None}
+    try:
+        rep["mode"] = fallback_policy.get_fallback()
+    except ValueError as exc:
+        rep["error"] = str(exc)
+    return rep
+
+
 def collect() -> dict[str, Any]:
     """The whole report as plain data (what `--json` prints)."""
     # Discovery warns about broken plugins; the report lists them, so the warnings would only repeat it on stderr.
@@ -124,6 +136,8 @@ def collect() -> dict[str, Any]:
         "failures": [{"group": f.group, "name": f.name, "entry_point": f.value, "error": f.error, "detail": f.detail}
                      for f in reg.failures],
         "communicators": communicators,
+        "disabled": sorted(set(reg.disabled)),
+        "fallback": _fallback_mode(),
         "default_device": default,
     }
 
@@ -153,7 +167,7 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
     add(f"Platform {rep['platform']}")
     add("")
     add(f"Backends ({len(rep['backends'])}):" if rep["backends"] else
-        f"Backends: none installed (pip install {plugins.KNOWN_DISTRIBUTIONS['cpu']})")
+        f"Backends: none installed ({plugins.install_hint('cpu')})")
     for b in rep["backends"]:
         add(f"  {b['name']}: {b['distribution']} {b['version']} (entry point {b['entry_point']})")
         for k, v in b["info"].items():
@@ -196,6 +210,8 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
                 out.extend("      " + line for line in f["detail"].rstrip().splitlines())
     else:
         add("Failed plugins: none")
+    if rep["disabled"]:
+        add(f"Disabled plugins ({plugins.DISABLE_VARIABLE}): {', '.join(rep['disabled'])}")
     if rep["communicators"]:
         add(f"Communicators ({len(rep['communicators'])}):")
         for c in rep["communicators"]:
@@ -203,6 +219,12 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
             add(f"  {c['name']}:{dist} (entry point {c['entry_point']})")
     else:
         add("Communicators: none")
+    fb = rep["fallback"]
+    if fb["error"] is None:
+        how = f"SINGA_FALLBACK={fb['SINGA_FALLBACK']}" if fb["SINGA_FALLBACK"] else "SINGA_FALLBACK unset"
+        add(f"Host fallback: {fb['mode']} ({how}; singa.set_fallback changes it)")
+    else:
+        add(f"Host fallback: error in the setting: {fb['error']}")
     add("")
     d = rep["default_device"]
     how = f"SINGA_DEVICE={d['SINGA_DEVICE']}" if d["SINGA_DEVICE"] else "SINGA_DEVICE unset, so cpu"
