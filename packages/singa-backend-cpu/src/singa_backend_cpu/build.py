@@ -1,77 +1,94 @@
-"""cffi API-mode builder of `singa_backend_cpu._kernels`, run by setup.py (`cffi_modules`) when the package is built.
+"""Builds the CPU backend's kernels with cffi when the package is built (setup.py); nothing is compiled at import.
 
-It compiles kernels/*.c and the element-wise code that codegen.py renders from singa.expressions.TABLE into one
-extension, linked against scipy-openblas32's OpenBLAS. Nothing is compiled at import time.
+Every kernel (kernels/*.c and the element-wise code that codegen.py renders from singa.expressions.TABLE) is compiled
+into one extension module per vector path, `singa_backend_cpu._kernels_<path>`, linked against scipy-openblas32's
+OpenBLAS: on x86-64 `baseline` (-march=x86-64), `avx2` (-march=x86-64-v3) and `avx512` (-march=x86-64-v4), so that
+one wheel runs on any x86-64 CPU at the speed of the widest path it supports; elsewhere one `baseline` module for the
+compiler's default target. isa.py lists the paths and chooses one at import. `SINGA_CPU_NATIVE=1` builds a single
+`_kernels_native` with -march=native instead: faster to build and tuned for this machine, but not portable. A tiny
+`_cpu_level` module (cpu_level.c, baseline flags) tells which paths the CPU runs.
 
-Compiler flags: `-O3 -g0 -fopenmp -fwrapv -fno-math-errno -fno-trapping-math` always (integer overflow wraps like numpy;
-no errno or FP-trap bookkeeping, which only blocks vectorisation; never -ffast-math: NaN and inf keep their meaning),
-plus `-march=native` unless the environment variable SINGA_CPU_CFLAGS is set, in which case its words replace
-`-march=native` (e.g. SINGA_CPU_CFLAGS="-march=x86-64-v3" for a wheel that runs on other machines, or "" for the
-compiler's default target).
+Flags of every path: `-O3 -g0 -fopenmp -fwrapv -fno-math-errno -fno-trapping-math -std=gnu11` (integer overflow wraps
+like numpy; no errno or FP-trap bookkeeping, which only blocks vectorisation; never -ffast-math: NaN and inf keep
+their meaning) plus the path's -march/-mtune.
+
+`BuildExt` compiles the C files of each module in parallel, one compiler per core, printing each file as it starts
+(`pip install -v` shows these lines). `Sdist` adds the rendered element-wise code to the source distribution, which
+therefore builds without singa-core's sources next to it.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
+import importlib
 import importlib.util
 import json
 import os
-import shlex
 import sys
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import scipy_openblas32
 from cffi import FFI
+from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(HERE, "kernels")
+PROJECT = os.path.normpath(os.path.join(HERE, "..", ".."))
+# In a source distribution: the element-wise C code and its cffi declarations, rendered when the sdist was made.
+RENDERED = os.path.join(PROJECT, "rendered")
+RENDERED_FILES = ("elementwise.c", "elementwise.cdef")
 BASE_FLAGS = ["-O3", "-g0", "-fopenmp", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
 
 
-def _expressions():
-    """singa.expressions, from the installed singa-core or, in pip's isolated build, from the sibling source tree."""
-    try:
-        from singa import expressions
-
-        return expressions
-    except ImportError:
-        pass
-    src = os.path.normpath(os.path.join(HERE, "..", "..", "..", "singa-core", "src"))
-    if not os.path.isfile(os.path.join(src, "singa", "expressions.py")):
-        raise RuntimeError("building singa-backend-cpu needs singa-core: install it first and build with "
-                           "--no-build-isolation, or build from the SINGA repository next to packages/singa-core")
-    sys.path.insert(0, src)
-    for name in [m for m in sys.modules if m == "singa" or m.startswith("singa.")]:
-        del sys.modules[name]
-    try:
-        from singa import expressions
-
-        return expressions
-    except ImportError:
-        # singa/__init__ imports pluggy, which the build environment lacks; expressions only needs numpy and dtypes,
-        # so stand in an empty package for `singa` and import the two modules alone
-        for name in [m for m in sys.modules if m == "singa" or m.startswith("singa.")]:
-            del sys.modules[name]
-        package = types.ModuleType("singa")
-        package.__path__ = [os.path.join(src, "singa")]
-        sys.modules["singa"] = package
-        from singa import expressions
-
-        return expressions
-
-
-def _codegen():
-    """codegen.py loaded by path: importing the package itself would try to load the extension being built."""
-    spec = importlib.util.spec_from_file_location("singa_backend_cpu_codegen", os.path.join(HERE, "codegen.py"))
+def _load_by_path(name: str, filename: str) -> types.ModuleType:
+    """A module of this package loaded from its file: importing the package would load the kernels being built."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, filename))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def compile_flags() -> list[str]:
-    arch = os.environ.get("SINGA_CPU_CFLAGS")
-    return BASE_FLAGS + (shlex.split(arch) if arch is not None else ["-march=native"])
+isa = _load_by_path("singa_backend_cpu_isa", "isa.py")
+
+
+def _expressions():
+    """singa.expressions: from the singa-core sources next to this package in a checkout (the table these sources go
+    with, whatever singa-core is installed), else from the installed singa-core."""
+    src = os.path.normpath(os.path.join(PROJECT, "..", "singa-core", "src", "singa"))
+    if os.path.isfile(os.path.join(src, "expressions.py")):
+        # expressions needs only numpy and singa.dtypes: import the two under a stand-in `singa` package, without
+        # singa/__init__ and its imports (pluggy), which a build environment may lack
+        for name in [m for m in sys.modules if m == "singa" or m.startswith("singa.")]:
+            del sys.modules[name]
+        package = types.ModuleType("singa")
+        package.__path__ = [src]
+        sys.modules["singa"] = package
+        return importlib.import_module("singa.expressions")
+    try:
+        from singa import expressions
+    except ImportError:
+        raise RuntimeError("building singa-backend-cpu needs singa-core's expression table: build it from the SINGA "
+                           "repository (next to packages/singa-core), from its source distribution (which carries "
+                           "the rendered kernels), or with singa-core installed and --no-build-isolation") from None
+    return expressions
+
+
+@functools.cache
+def rendered() -> tuple[str, str]:
+    """(C source, cffi cdef) of the generated kernels: from the sdist's copy when there is one, else rendered now."""
+    files = [os.path.join(RENDERED, f) for f in RENDERED_FILES]
+    if all(os.path.isfile(f) for f in files):
+        texts = []
+        for name in files:
+            with open(name) as f:
+                texts.append(f.read())
+        return texts[0], texts[1]
+    return _load_by_path("singa_backend_cpu_codegen", "codegen.py").render(_expressions().TABLE)
 
 
 def _relative(path: str) -> str:
@@ -79,9 +96,11 @@ def _relative(path: str) -> str:
     return os.path.relpath(path)
 
 
-def make_builder() -> FFI:
-    generated_c, generated_cdef = _codegen().render(_expressions().TABLE)
-    flags = compile_flags()
+def kernel_builder(path_name: str) -> FFI:
+    """The cffi builder of `singa_backend_cpu._kernels_<path_name>`."""
+    path = isa.by_name(path_name)
+    generated_c, generated_cdef = rendered()
+    flags = BASE_FLAGS + path.flags
     with open(os.path.join(KERNELS, "api.h")) as f:
         api = f.read()
     builder = FFI()
@@ -96,7 +115,7 @@ def make_builder() -> FFI:
         + f"const char *sg_build_flags(void) {{ return {json.dumps(' '.join(flags))}; }}\n"
     )
     builder.set_source(
-        "singa_backend_cpu._kernels",
+        isa.module_name(path.name),
         source,
         sources=[_relative(p) for p in sorted(glob.glob(os.path.join(KERNELS, "*.c")))],
         include_dirs=[KERNELS, scipy_openblas32.get_include_dir()],
@@ -109,7 +128,85 @@ def make_builder() -> FFI:
     return builder
 
 
-ffibuilder = make_builder()
+def cpu_level_builder() -> FFI:
+    """The cffi builder of `singa_backend_cpu._cpu_level`: CPU feature detection, compiled for the baseline."""
+    builder = FFI()
+    builder.cdef("int sg_cpu_level(void);")
+    flags = ["-O2", "-g0"] + isa.known_paths()[0].flags
+    builder.set_source("singa_backend_cpu._cpu_level", "int sg_cpu_level(void);",
+                       sources=[_relative(os.path.join(HERE, "cpu_level.c"))], extra_compile_args=flags)
+    return builder
 
-if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+
+# setup.py's cffi_modules name these: one builder per path that can be built, and the CPU detector
+for _path in isa.known_paths():
+    globals()[f"kernels_{_path.name}"] = functools.partial(kernel_builder, _path.name)
+
+
+def cffi_modules(build_file: str) -> list[str]:
+    """setup.py's `cffi_modules`: the detector and the kernel module of every path this build compiles."""
+    return [f"{build_file}:cpu_level_builder"] + [f"{build_file}:kernels_{p.name}" for p in isa.build_paths()]
+
+
+def _jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _say(line: str) -> None:
+    # one write per line: the compiling threads print at the same time
+    sys.stdout.write(f"singa-backend-cpu: {line}\n")
+    sys.stdout.flush()
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles an extension's C files in parallel and names each one as it starts.
+
+    Every kernel module compiles the same C files with other flags, so each module gets its own folder of objects.
+    """
+
+    def run(self):
+        paths = ", ".join(p.name for p in isa.build_paths())
+        _say(f"compiling the kernels for the vector paths {paths}, {_jobs()} files at a time")
+        super().run()
+
+    def build_extension(self, ext):
+        label = ext.name.rsplit(".", 1)[-1]
+        compiler = self.compiler
+        serial = compiler.compile
+        jobs = _jobs()
+
+        def compile_parallel(sources, output_dir=None, **kwargs):
+            def one(source):
+                full = os.path.abspath(source)
+                shown = os.path.relpath(full, HERE) if full.startswith(HERE + os.sep) else os.path.basename(full)
+                _say(f"[{label}] compiling {shown}")
+                return serial([source], output_dir=output_dir, **kwargs)
+
+            with ThreadPoolExecutor(jobs) as pool:
+                return [obj for objs in pool.map(one, sources) for obj in objs]
+
+        temp = self.build_temp
+        start = time.perf_counter()
+        compiler.compile = compile_parallel
+        self.build_temp = os.path.join(temp, label)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = temp
+            compiler.compile = serial
+        _say(f"[{label}] built in {time.perf_counter() - start:.0f} s")
+
+
+class Sdist(sdist):
+    """sdist that carries the element-wise kernels rendered from singa-core's expression table (see `rendered`)."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        target = os.path.join(base_dir, os.path.relpath(RENDERED, PROJECT))
+        os.makedirs(target, exist_ok=True)
+        for name, text in zip(RENDERED_FILES, rendered()):
+            with open(os.path.join(target, name), "w") as f:
+                f.write(text)

@@ -1,4 +1,7 @@
-"""The CPU device: 64-byte aligned host blocks from the C allocator, copies with memmove, kernels from table.py."""
+"""The CPU device: 64-byte aligned host blocks from the C allocator, copies with memmove, kernels from table.py.
+
+The kernels come from the module of the vector path isa.choose() picks (the widest this CPU runs, or SINGA_CPU_ISA).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import scipy_openblas32
 
 from singa import dtypes
 from singa.backend import Device
+from singa_backend_cpu import isa
 
 # How long an idle OpenMP thread busy-waits for the next parallel region before sleeping. libgomp's default (300,000
 # spins, about a millisecond) assumes the cores are ours alone; on a shared machine the spinning threads take the time
@@ -19,7 +23,8 @@ DEFAULT_GOMP_SPINCOUNT = "1000"
 
 
 def _load_kernels():
-    """The compiled extension's (ffi, lib), with scipy-openblas32's library loaded first, its symbols global.
+    """(vector path, ffi, lib) of the kernel module isa.choose() picks, with scipy-openblas32's library loaded first,
+    its symbols global.
 
     The extension's rpath ($ORIGIN/../scipy_openblas32/lib) finds OpenBLAS in a normal install; an editable install
     keeps the extension in the source tree, where only this preload does.
@@ -28,12 +33,13 @@ def _load_kernels():
         os.environ["GOMP_SPINCOUNT"] = DEFAULT_GOMP_SPINCOUNT
     path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # stays loaded for the life of the process
-    from singa_backend_cpu import _kernels
+    vector_path = isa.choose()
+    kernels = isa.load(vector_path)
+    return vector_path, kernels.ffi, kernels.lib
 
-    return _kernels.ffi, _kernels.lib
 
-
-ffi, lib = _load_kernels()
+# Every kernel module has the same functions: table.py and the rest only ever see the chosen one as `ffi, lib`.
+VECTOR_PATH, ffi, lib = _load_kernels()
 
 
 def _cpu_model() -> str:

@@ -14,7 +14,18 @@ from singa_onnx.onnx_types import onnx_type_to_singa_type
 from singa_onnx.rep import SingaRep
 from singa_onnx.runtime import OnnxAttributes, OnnxNode
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    # the repository's VERSION file, through the installed distribution's metadata
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("singa-onnx")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "SingaBackend", "SingaRep", "SONNXModel", "prepare", "run_model", "run_node", "supports_device",
