@@ -191,7 +191,9 @@ def wheels(session: nox.Session) -> None:
         else:
             excludes = [arg for lib in AUDITWHEEL_EXCLUDE for arg in ("--exclude", lib)]
             session.run("auditwheel", "repair", *excludes, "--wheel-dir", str(DIST), str(wheel))
-            session.run("auditwheel", "show", *(str(w) for w in DIST.glob(wheel.name.split("-")[0] + "-*.whl")))
+            repaired = sorted(DIST.glob(wheel.name.split("-")[0] + "-*.whl"))
+            if not repaired or "manylinux" not in repaired[-1].name:
+                session.error(f"auditwheel gave no manylinux wheel for {wheel.name}: {[w.name for w in repaired]}")
     built = sorted(DIST.iterdir())
     names = {p.name.replace("-", "_") for p in packages}
     for kind, suffix in (("sdist", ".tar.gz"), ("wheel", ".whl")):
@@ -205,4 +207,18 @@ def wheels(session: nox.Session) -> None:
     session.chdir(ROOT)
     if not _pytest(session, "packages/singa-backend-cpu/tests/test_vector_paths.py"):
         session.error("the CPU backend's wheel failed its vector-path tests")
+
+
+# mkdocstrings formats the signatures with ruff
+DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11", RUFF]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (docs/ and an API reference generated from the docstrings) into site/, with mkdocs
+    --strict: a link between pages or to an anchor that does not exist, or a docstring the reference cannot render,
+    fails the build. (Links from the README into docs/ are checked by tests/test_docs.py.)"""
+    session.install(*DOCS_REQUIREMENTS)
+    session.chdir(ROOT)
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"), *session.posargs)
 

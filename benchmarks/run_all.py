@@ -49,6 +49,7 @@ def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: 
         "",
         "## How to reproduce",
         "",
+        "<!-- doc-test: skip: the benchmarks take about 11 minutes, and nox -s bench rewrites this page -->",
         "```bash",
         "# a venv with singa-core, singa-backend-cpu and torch==2.13.0; runs everything and rewrites this file",
         "nox -s bench",

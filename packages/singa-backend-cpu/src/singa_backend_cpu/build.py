@@ -134,7 +134,9 @@ def cpu_level_builder() -> FFI:
     builder.cdef("int sg_cpu_level(void);")
     flags = ["-O2", "-g0"] + isa.known_paths()[0].flags
     builder.set_source("singa_backend_cpu._cpu_level", "int sg_cpu_level(void);",
-                       sources=[_relative(os.path.join(HERE, "cpu_level.c"))], extra_compile_args=flags)
+                       sources=[_relative(os.path.join(HERE, "cpu_level.c"))], extra_compile_args=flags,
+                       # it calls nothing in libc, but auditwheel tells a wheel's libc from each module's needs
+                       extra_link_args=["-Wl,--no-as-needed", "-lc"])
     return builder
 
 
@@ -168,8 +170,14 @@ class BuildExt(build_ext):
     """
 
     def run(self):
-        paths = ", ".join(p.name for p in isa.build_paths())
-        _say(f"compiling the kernels for the vector paths {paths}, {_jobs()} files at a time")
+        paths = [p.name for p in isa.build_paths()]
+        _say(f"compiling the kernels for the vector paths {', '.join(paths)}, {_jobs()} files at a time")
+        # setuptools never empties build/lib (nor an editable install's source folder): a module of a path this build
+        # does not make (from a native build before a portable one, say) would be installed too, and chosen at import
+        outputs = [os.path.join(self.build_lib, "singa_backend_cpu")] + ([HERE] if self.inplace else [])
+        for stale in [f for d in outputs for f in glob.glob(os.path.join(d, "_kernels_*"))]:
+            if not any(os.path.basename(stale).startswith(f"_kernels_{name}.") for name in paths):
+                os.remove(stale)
         super().run()
 
     def build_extension(self, ext):
