@@ -577,3 +577,17 @@ def test_conformance_suite_fails_wrong_kernels(mutant_site):
     assert not [line for line in failed if "[mutant:0" in line], "the control device failed:\n" + "\n".join(failed)
     for mutation, (_, test_id) in MUTATIONS.items():
         assert any(test_id in line for line in failed), f"{mutation} was not caught:\n" + "\n".join(failed)
+
+
+def test_missing_onnx_package_says_how_to_install_it():
+    rep = run_json("""
+        import json, sys
+        sys.modules["singa_onnx"] = None   # as if singa-onnx were not installed
+        try:
+            from singa import sonnx  # noqa: F401
+            print(json.dumps({"error": None}))
+        except ImportError as e:
+            print(json.dumps({"error": str(e)}))
+    """)
+    assert "`pip install singa-onnx`" in rep["error"]
+    assert "`pip install ./packages/singa-onnx`" in rep["error"]

@@ -10,7 +10,8 @@ try:
     import singa_onnx as _impl
 except ImportError as _exc:
     raise ImportError("singa.sonnx needs the singa-onnx package, which is not installed (or failed to import: "
-                      f"{_exc}); install it with: pip install singa-onnx") from _exc
+                      f"{_exc}); install it with `pip install singa-onnx`, or from a checkout of the SINGA repository "
+                      "with `pip install ./packages/singa-onnx`") from _exc
 
 __all__ = list(getattr(_impl, "__all__", []))
 globals().update({name: getattr(_impl, name) for name in __all__})
