@@ -15,12 +15,11 @@ split into several launches.
 
 from __future__ import annotations
 
-import itertools
 import math
 import struct
 from collections.abc import Callable
 
-from singa import dtypes, expressions, kernel_args
+from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
 from singa.backend import View
 from singa_backend_opencl import clblast, codegen
 from singa_backend_opencl.device import F32 as PF32
@@ -157,12 +156,9 @@ def source_of(program: str, dev) -> str:
 
 # -- helpers ------------------------------------------------------------------------------------------------------
 
-_layouts = kernel_args.LAYOUTS
 _layout = kernel_args.layout
-_coalesce = kernel_args.coalesce
 _describe = kernel_args.describe
 _element_bits = kernel_args.element_bits
-_out_dtypes = kernel_args.elementwise_out_dtypes
 
 
 def _dtype_error(name: str, views: tuple, supported) -> Exception:
@@ -178,64 +174,54 @@ def _check_device(name: str, dt: int, dev) -> None:
         raise dev.dtype_error(name, dt)
 
 
-def _pack_dims(dims: list, strides: list) -> bytes:
-    pad = [0] * (MAXD - len(dims))
-    flat = []
+def _pack_dims(nd: int, flat: list, nops: int) -> bytes:
+    """An sg_dims struct from kernel_table's layout list (nd sizes, then nd strides per operand)."""
+    pad = [0] * (MAXD - nd)
+    words = flat[:nd] + pad
     for k in range(4):
-        flat += (list(strides[k]) + pad) if k < len(strides) else [0] * MAXD
-    return _DIMS.pack(len(dims), *dims, *pad, *flat)
+        words += (flat[nd * (k + 1):nd * (k + 2)] + pad) if k < nops else [0] * MAXD
+    return _DIMS.pack(nd, *words)
+
+
+def _launchers(program: str, symbol: str, nviews: int, pack_params: Callable | None = None) -> tuple:
+    """kernel_table launchers of the kernel pair `symbol`_c / `symbol`_s of `program` over `nviews` views; the
+    trailing arguments are passed as they are, or through `pack_params(dev, values)`."""
+    def args_of(dev, args) -> list:
+        out = []
+        for i in range(nviews):
+            out += (args[2 * i].arg, I64(args[2 * i + 1]))
+        extra = args[2 * nviews:]
+        return out + list(pack_params(dev, extra) if pack_params is not None and extra else extra)
+
+    def contig(dev, n, *args):
+        dev.launch(dev.kernel(program, symbol + "_c"), n, (I64(n), *args_of(dev, args)))
+
+    def strided(dev, nd, flat, *args):
+        m = math.prod(flat[:nd])
+        dev.launch(dev.kernel(program, symbol + "_s"), m, (I64(m), _pack_dims(nd, flat, nviews), *args_of(dev, args)))
+
+    return contig, strided
+
+
+_LAUNCHERS: dict[tuple, tuple] = {}
 
 
 def _run_layout(dev, program: str, symbol: str, shape: tuple, views: tuple, extra: tuple) -> None:
     """An element-wise kernel pair (`symbol`_c / _s) over views of any strides, all of `shape`; `extra` are the
     trailing kernel arguments (packed)."""
-    n = math.prod(shape)
-    if n == 0:
-        return
-    dims, strides = _coalesce(shape, [v.strides for v in views])
-    handles = [v.buffer.handle.arg for v in views]
-    offsets = [v.offset for v in views]
-    if not dims or (len(dims) == 1 and all(s[0] == 1 for s in strides)):
-        args = [I64(n)]
-        for h, o in zip(handles, offsets):
-            args += (h, I64(o))
-        dev.launch(dev.kernel(program, symbol + "_c"), n, (*args, *extra))
-        return
-    kern = dev.kernel(program, symbol + "_s")
-    lead, dims = dims[:-MAXD], dims[-MAXD:]  # more axes than a walk holds: one launch per leading index
-    inner = [s[-MAXD:] for s in strides]
-    packed = _pack_dims(dims, inner)
-    m = math.prod(dims)
-    for idx in itertools.product(*(range(d) for d in lead)):
-        args = [I64(m), packed]
-        for h, o, st in zip(handles, offsets, strides):
-            args += (h, I64(o + sum(i * s for i, s in zip(idx, st))))
-        dev.launch(kern, m, (*args, *extra))
+    key = (program, symbol, len(views))
+    pair = _LAUNCHERS.get(key)
+    if pair is None:
+        pair = _LAUNCHERS[key] = _launchers(program, symbol, len(views))
+    kernel_table.run_layout(*pair, shape, views, extra, device=dev, max_dims=MAXD)
 
 
 def _contiguous(v):
-    """The view itself when contiguous, else a contiguous copy on the same device."""
-    if v is None:
-        return None
-    cs, n = _layout(v.shape)
-    if v.strides == cs or n <= 1:
-        return v
-    copy = View(v.buffer.device.alloc(n * ITEMSIZE[v.dtype]), v.dtype, v.shape)
-    _copy(copy, v)
-    return copy
+    return kernel_table.contiguous(v, _copy)
 
 
 def _new(dev, shape: tuple, dtype: int) -> View:
     return View(dev.alloc(max(math.prod(shape), 1) * ITEMSIZE[dtype]), dtype, shape)
-
-
-_pair = kernel_args.pair
-_padding4 = kernel_args.padding4
-_split = kernel_args.split
-
-
-def _norm_axis(axis: int, ndim: int, name: str) -> int:
-    return kernel_args.norm_axis(axis, ndim, name, "opencl")
 
 
 def _acc(dev, value: float) -> bytes:
@@ -249,95 +235,21 @@ _BITS_FMT = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
 # -- element-wise -------------------------------------------------------------------------------------------------
 
 
-def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
-    """Raise the error that explains why the fast checks refused these views."""
-    raise kernel_args.elementwise_error("opencl", name, views, supported, out_dtypes)
+def _param_packer(dt: int) -> Callable:
+    """Packs (alpha, beta) for kernels of input dtype dt: float for float data, else sg_acc (double with fp64)."""
+    if dt in FLOATS:
+        return lambda dev, values: [PF32(v) for v in values]
+    return lambda dev, values: [(PF64 if dev.fp64 else PF32)(v) for v in values]
 
 
-def _param_packers(entry) -> list:
-    """Per dtype code: (pack for float params on a device with fp64, pack without)."""
-    out = [None] * 8
+def _make_elementwise(entry: expressions.Elementwise) -> Callable:
+    contig, strided = [None] * 8, [None] * 8
+    nviews = entry.arity + 1
     for dt in entry.dtypes:
-        out[dt] = (PF32, PF32) if dt in FLOATS else (PF64, PF32)
-    return out
-
-
-def _make_binary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.dtypes
-    programs = [None] * 8
-    symbols = [None] * 8
-    for dt in supported:
-        programs[dt] = f"ew:{name}:{SUFFIX[dt]}"
-        symbols[dt] = f"sg_ew_{name}_{SUFFIX[dt]}"
-    out_dtypes = _out_dtypes(entry)
-    layouts = _layouts
-
-    def kernel(out, a, b):
-        shape = out.shape
-        dt = a.dtype
-        prog = programs[dt]
-        dev = out.buffer.device
-        if (prog is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != shape or b.shape != shape
-                or dt not in dev.dtypes):
-            _reject(name, (out, a, b), supported, out_dtypes)
-        cs, n = layouts.get(shape) or _layout(shape)
-        if a.strides == cs and b.strides == cs and out.strides == cs:
-            if n:
-                dev.launch(dev.kernel(prog, symbols[dt] + "_c"), n,
-                           (I64(n), out.buffer.handle.arg, I64(out.offset), a.buffer.handle.arg, I64(a.offset),
-                            b.buffer.handle.arg, I64(b.offset)))
-            return
-        _run_layout(dev, prog, symbols[dt], shape, (out, a, b), ())
-
-    packers = _param_packers(entry)
-
-    def kernel_params(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby): big operands, no fast path
-        dt = a.dtype
-        prog = programs[dt]
-        dev = out.buffer.device
-        if (prog is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != out.shape
-                or b.shape != out.shape or dt not in dev.dtypes):
-            _reject(name, (out, a, b), supported, out_dtypes)
-        pack = packers[dt][0 if dev.fp64 else 1]
-        _run_layout(dev, prog, symbols[dt], out.shape, (out, a, b), (pack(alpha), pack(beta)))
-
-    if entry.takes_params:
-        kernel = kernel_params
-    kernel.__name__ = name
-    return kernel
-
-
-def _make_unary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.dtypes
-    programs = [None] * 8
-    symbols = [None] * 8
-    for dt in supported:
-        programs[dt] = f"ew:{name}:{SUFFIX[dt]}"
-        symbols[dt] = f"sg_ew_{name}_{SUFFIX[dt]}"
-    packers = _param_packers(entry)
-    out_dtypes = _out_dtypes(entry)
-    layouts = _layouts
-
-    def kernel(out, x, alpha=0.0, beta=0.0):
-        shape = out.shape
-        dt = x.dtype
-        prog = programs[dt]
-        dev = out.buffer.device
-        if prog is None or out.dtype != out_dtypes[dt] or x.shape != shape or dt not in dev.dtypes:
-            _reject(name, (out, x), supported, out_dtypes)
-        pack = packers[dt][0 if dev.fp64 else 1]
-        params = (pack(alpha), pack(beta))
-        cs, n = layouts.get(shape) or _layout(shape)
-        if x.strides == cs and out.strides == cs:
-            if n:
-                dev.launch(dev.kernel(prog, symbols[dt] + "_c"), n,
-                           (I64(n), out.buffer.handle.arg, I64(out.offset), x.buffer.handle.arg, I64(x.offset),
-                            *params))
-            return
-        _run_layout(dev, prog, symbols[dt], shape, (out, x), params)
-
-    kernel.__name__ = name
-    return kernel
+        contig[dt], strided[dt] = _launchers(f"ew:{entry.name}:{SUFFIX[dt]}", f"sg_ew_{entry.name}_{SUFFIX[dt]}",
+                                             nviews, _param_packer(dt))
+    return kernel_table.elementwise_kernel("opencl", entry, contig, strided, with_device=True, max_dims=MAXD,
+                                           check_device_dtypes=True)
 
 
 # -- memory: fill, copy, cast, where ------------------------------------------------------------------------------
@@ -368,7 +280,7 @@ def _copy(out, x) -> None:
         if n:
             dev._copy_on_device(out.buffer.handle, out.offset * size, x.buffer.handle, x.offset * size, n * size)
         return
-    dims, strides = _coalesce(out.shape, [out.strides, x.strides])
+    dims, strides = kernel_args.coalesce(out.shape, [out.strides, x.strides])
     if len(dims) == 1 and strides[0][0] == strides[1][0] == 1:
         dev._copy_on_device(out.buffer.handle, out.offset * size, x.buffer.handle, x.offset * size, n * size)
         return
@@ -452,13 +364,8 @@ def _make_reduce(name: str) -> Callable:
                 or out.dtype not in dev.dtypes:
             raise _dtype_error(name, (out, x), tuple(SUFFIX))
         x = _contiguous(x)
-        nd = len(x.shape)
-        reduced = {_norm_axis(int(a), nd, name) for a in axes}
-        kept = tuple(s for d, s in enumerate(x.shape) if d not in reduced)
-        n_out = math.prod(kept)
-        if math.prod(out.shape) != n_out:
-            raise _shape_error(name, (out, x), f"output must hold shape {kept}")
-        if n_out == 0:
+        reduced, kept = kernel_checks.reduce_axes("opencl", name, out, x, axes)
+        if math.prod(kept) == 0:
             return
         count = math.prod(x.shape[d] for d in reduced)
         if count == 0 and op in ("max", "min"):
@@ -499,8 +406,7 @@ def _make_arg(name: str) -> Callable:
         if out.dtype != I64_ or x.dtype not in SUFFIX or x.dtype not in dev.dtypes:
             raise _dtype_error(name, (out, x), (I64_,))
         x = _contiguous(x)
-        axis = _norm_axis(int(axis), len(x.shape), name)
-        outer, length, inner = _split(x.shape, axis) if x.shape else (1, 1, 1)
+        axis, outer, length, inner = kernel_checks.arg_split("opencl", name, x, axis)
         if outer * inner == 0:
             return
         if length == 0:
@@ -514,12 +420,6 @@ def _make_arg(name: str) -> Callable:
 
 
 # -- matrix products ----------------------------------------------------------------------------------------------
-
-
-def _as_batched(shape: tuple) -> tuple[int, int, int]:
-    if len(shape) < 2:
-        raise ValueError("matrices need at least 2 dimensions")
-    return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
 def _sgemm(dev, a, b, c, m: int, n: int, k: int, ta: bool, tb: bool, alpha: float, beta: float,
@@ -573,22 +473,10 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
     if not (a.dtype == b.dtype == out.dtype) or a.dtype not in (F32, F16, I32_, I64_) or a.dtype not in dev.dtypes:
         raise _dtype_error("matmul", views, (F32, F16, I32_, I64_))
     a, b = _contiguous(a), _contiguous(b)
-    try:
-        ba, ar, ac = _as_batched(a.shape)
-        bb, br, bc = _as_batched(b.shape)
-        batch, m, n = _as_batched(out.shape)
-    except ValueError as exc:
-        raise _shape_error("matmul", views, str(exc)) from None
-    am, ak = (ac, ar) if trans_a else (ar, ac)
-    bk, bn = (bc, br) if trans_b else (br, bc)
-    if am != m or bn != n or ak != bk or ba not in (1, batch) or bb not in (1, batch):
-        raise _shape_error("matmul", views, f"shapes do not match for trans_a={bool(trans_a)}, "
-                                            f"trans_b={bool(trans_b)}")
-    if out.strides != _layout(out.shape)[0]:
-        raise _shape_error("matmul", views, "the output must be contiguous")
+    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("opencl", (out, a, b), trans_a, trans_b,
+                                                       _layout(out.shape)[0])
     if batch == 0 or m == 0 or n == 0:
         return
-    k = ak
     dt = a.dtype
     if k == 0:  # no products to sum: out = beta * out
         if beta == 0:
@@ -630,28 +518,9 @@ _CONV = struct.Struct("<16q")  # sg_conv of kernels/conv.cl
 COL_BUDGET = 1 << 24  # floats in one unfolded chunk (64 MiB)
 
 
-class _Geometry:
+class _Geometry(kernel_checks.ConvGeometry):
     def __init__(self, name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views):
-        if len(x_shape) != 4 or len(w_shape) != 4 or len(y_shape) != 4:
-            raise _shape_error(name, views, "x, w and y must be 4-D (NCHW, KCHW)")
-        self.N, self.C, self.H, self.W = x_shape
-        self.K, cg, self.kh, self.kw = w_shape
-        self.G = int(groups)
-        if self.G < 1 or cg * self.G != self.C or self.K % self.G or tuple(y_shape[:2]) != (self.N, self.K):
-            raise _shape_error(name, views, f"channels do not match with groups={self.G}")
-        self.sh, self.sw = _pair(stride, "stride")
-        self.dh, self.dw = _pair(dilation, "dilation")
-        if min(self.sh, self.sw, self.dh, self.dw) < 1:
-            raise _shape_error(name, views, "stride and dilation must be at least 1")
-        self.pt, self.pl, self.pb, self.pr = _padding4(padding)
-        self.OH, self.OW = y_shape[2], y_shape[3]
-        self.Cg, self.Kg = cg, self.K // self.G
-        self.ckk = cg * self.kh * self.kw
-        self.rows = self.C * self.kh * self.kw
-        self.ohw = self.OH * self.OW
-        self.hw = self.H * self.W
-        self.pointwise = (self.kh == self.kw == self.sh == self.sw == 1 and self.pt == self.pl == 0
-                          and self.OH == self.H and self.OW == self.W)
+        super().__init__("opencl", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views)
         self.packed = _CONV.pack(self.N, self.C, self.H, self.W, self.K, self.kh, self.kw, self.OH, self.OW, self.sh,
                                  self.sw, self.pt, self.pl, self.dh, self.dw, self.G)
 
@@ -808,22 +677,9 @@ def _conv_bwd_weight_f32(g: _Geometry, dw, dy, x) -> None:
 # -- pooling ------------------------------------------------------------------------------------------------------
 
 _POOL = struct.Struct("<16q")
-_POOL_MODES = {"max": 0, "avg": 1, "average": 1}
-
-
-def _pool_geometry(name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views) -> bytes:
-    if len(x_shape) != 4 or len(y_shape) != 4 or tuple(x_shape[:2]) != tuple(y_shape[:2]):
-        raise _shape_error(name, views, "x and the output must be 4-D NCHW with the same N and C")
-    if mode not in _POOL_MODES:
-        raise ValueError(f"opencl kernel {name}: mode must be 'max' or 'avg', got {mode!r}")
-    kh, kw = _pair(kernel, "kernel")
-    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride")
-    dh, dw = _pair(dilation, "dilation")
-    if min(sh, sw, dh, dw) < 1:
-        raise _shape_error(name, views, "stride and dilation must be at least 1")
-    pt, pl, pb, pr = _padding4(padding)
-    n, c, h, w = x_shape
-    return _POOL.pack(n, c, h, w, y_shape[2], y_shape[3], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw)
+def _pool_geometry(name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views):
+    g = kernel_checks.PoolGeometry("opencl", name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views)
+    return g, _POOL.pack(*g.as_list())
 
 
 def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
@@ -832,16 +688,15 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
     dev = out.buffer.device
     if x.dtype not in FLOATS or out.dtype != x.dtype or x.dtype not in dev.dtypes:
         raise _dtype_error("pool2d", views, FLOATS)
-    if indices is not None and (indices.dtype != I64_ or indices.shape != out.shape):
-        raise _shape_error("pool2d", views, "indices must be int64 of the output's shape")
+    kernel_checks.pool_indices("opencl", views, indices, out)
     x = _contiguous(x)
-    geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
+    g, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
     if math.prod(out.shape) == 0:
         return
     ind = indices if indices is not None else out  # any buffer: the kernel does not touch it without with_idx
     rows = out.shape[0] * out.shape[1] * out.shape[2]
     dev.launch(dev.kernel(f"pool:{SUFFIX[x.dtype]}", "sg_pool_fwd"), rows,
-               (geom, I32(_POOL_MODES[mode]), I32(1 if count_include_pad else 0), x.buffer.handle.arg, I64(x.offset),
+               (geom, I32(g.mode_code), I32(1 if count_include_pad else 0), x.buffer.handle.arg, I64(x.offset),
                 out.buffer.handle.arg, I64(out.offset), ind.buffer.handle.arg, I64(ind.offset),
                 I32(indices is not None)))
 
@@ -852,21 +707,18 @@ def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0,
     dev = dx.buffer.device
     if dy.dtype not in FLOATS or dx.dtype != dy.dtype or dy.dtype not in dev.dtypes:
         raise _dtype_error("pool2d_backward", views, FLOATS)
-    if mode == "max" and indices is None and (x is None or x.dtype != dy.dtype):
-        raise _shape_error("pool2d_backward", views, "max pooling needs the forward's indices or its input x")
+    kernel_checks.pool_backward_source("opencl", views, mode, indices, x, dy.dtype)
     dy, x, indices = _contiguous(dy), _contiguous(x), _contiguous(indices)
-    geom = _pool_geometry("pool2d_backward", dx.shape, dy.shape, kernel, stride, padding, dilation, mode, views)
+    g, geom = _pool_geometry("pool2d_backward", dx.shape, dy.shape, kernel, stride, padding, dilation, mode, views)
     if math.prod(dx.shape) == 0:
         return
     xv = x if x is not None else dy
     iv = indices if indices is not None else dy
-    args = (geom, I32(_POOL_MODES[mode]), I32(1 if count_include_pad else 0), dy.buffer.handle.arg, I64(dy.offset),
+    args = (geom, I32(g.mode_code), I32(1 if count_include_pad else 0), dy.buffer.handle.arg, I64(dy.offset),
             xv.buffer.handle.arg, I64(xv.offset), iv.buffer.handle.arg, I64(iv.offset), I32(indices is not None),
             dx.buffer.handle.arg, I64(dx.offset))
     prog = f"pool:{SUFFIX[dy.dtype]}"
-    _, _, _, _, _, _, kh, kw, sh, sw = _POOL.unpack(geom)[:10]
-    dh, dw = _POOL.unpack(geom)[14:]
-    if sh >= (kh - 1) * dh + 1 and sw >= (kw - 1) * dw + 1:
+    if g.disjoint:
         # disjoint windows: each input element has at most one, so its gradient is written from the output's side
         _fill(dx, 0.0)
         dev.launch(dev.kernel(prog, "sg_pool_bwd_disjoint"), dy.shape[0] * dy.shape[1] * dy.shape[2], args)
@@ -878,9 +730,7 @@ def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0,
 
 
 def _bn_dims(name: str, x, views) -> tuple[int, int, int]:
-    if len(x.shape) < 2:
-        raise _shape_error(name, views, "x must be (N, C) or (N, C, ...)")
-    return x.shape[0], x.shape[1], math.prod(x.shape[2:])
+    return kernel_checks.bn_dims("opencl", name, x, views)
 
 
 def _float_views(name: str, views: tuple, x) -> None:
@@ -1000,9 +850,7 @@ _ROWS_MIN = 64  # rows at least this long get a work-group each
 
 
 def _softmax_split(x, axis, name) -> tuple[int, int, int]:
-    if not x.shape:  # a 0-d softmax is over one element
-        return 1, 1, 1
-    return _split(x.shape, _norm_axis(int(axis), len(x.shape), name))
+    return kernel_checks.softmax_split("opencl", name, x, axis)
 
 
 def _make_softmax(name: str, log: int) -> Callable:
@@ -1074,22 +922,14 @@ def _first_bad_index(dev, idx, count: int, length: int) -> int | None:
 
 def _xent_check(name: str, x, target, views) -> tuple[int, int]:
     dev = x.buffer.device
-    if x.dtype not in FLOATS or len(x.shape) != 2 or x.dtype not in dev.dtypes:
-        raise _shape_error(name, views, "x must be a float (N, C) matrix") if x.dtype in dev.dtypes else \
-            _dtype_error(name, views, FLOATS)
-    n, c = x.shape
+    for v in (x, target):
+        if v.dtype not in dev.dtypes:
+            raise _dtype_error(name, views, FLOATS)
+    n, c = kernel_checks.xent_dims("opencl", name, x, target, views, FLOATS, (I32_, I64_))
     if target.dtype in (I32_, I64_):
-        if math.prod(target.shape) != n:
-            raise _shape_error(name, views, "integer targets must hold N labels")
         bad = _first_bad_index(dev, target, n, c)
         if bad is not None:
-            raise IndexError(f"opencl kernel {name}({', '.join(_describe(v) for v in views)}): label {bad} with "
-                             f"{c} classes")
-    elif target.dtype in FLOATS and target.dtype in dev.dtypes:
-        if tuple(target.shape) != (n, c):
-            raise _shape_error(name, views, "probability targets must have x's shape")
-    else:
-        raise _dtype_error(name, views, (I32_, I64_) + FLOATS)
+            raise kernel_checks.label_error("opencl", name, views, bad, c)
     return n, c
 
 
@@ -1130,16 +970,10 @@ def _gather(out, x, indices, axis=0) -> None:
     if indices.dtype not in (I32_, I64_) or out.dtype != x.dtype or x.dtype not in dev.dtypes:
         raise _dtype_error("gather", views, (I32_, I64_))
     x, indices = _contiguous(x), _contiguous(indices)
-    axis = _norm_axis(int(axis), len(x.shape), "gather")
-    expect = x.shape[:axis] + tuple(indices.shape) + x.shape[axis + 1:]
-    if tuple(out.shape) != expect:
-        raise _shape_error("gather", views, f"the output must have shape {expect}")
-    outer, length, inner = _split(x.shape, axis)
-    count = math.prod(indices.shape)
+    axis, outer, length, inner, count = kernel_checks.gather_dims("opencl", out, x, indices, axis)
     bad = _first_bad_index(dev, indices, count, length)
     if bad is not None:
-        raise IndexError(f"opencl kernel gather({', '.join(_describe(v) for v in views)}): index {bad} on axis "
-                         f"{axis} of length {length}")
+        raise kernel_checks.index_error("opencl", "gather", views, bad, axis, length)
     total = outer * count * inner
     if total == 0:
         return
@@ -1160,16 +994,10 @@ def _scatter_add(out, indices, updates, axis=0) -> None:
             or out.dtype not in dev.dtypes:
         raise _dtype_error("scatter_add", views, (I32_, I64_))
     indices, updates = _contiguous(indices), _contiguous(updates)
-    axis = _norm_axis(int(axis), len(out.shape), "scatter_add")
-    expect = out.shape[:axis] + tuple(indices.shape) + out.shape[axis + 1:]
-    if tuple(updates.shape) != expect:
-        raise _shape_error("scatter_add", views, f"updates must have shape {expect}")
-    outer, length, inner = _split(out.shape, axis)
-    count = math.prod(indices.shape)
+    axis, outer, length, inner, count = kernel_checks.scatter_dims("opencl", out, indices, updates, axis)
     bad = _first_bad_index(dev, indices, count, length)
     if bad is not None:
-        raise IndexError(f"opencl kernel scatter_add({', '.join(_describe(v) for v in views)}): index {bad} on axis "
-                         f"{axis} of length {length}")
+        raise kernel_checks.index_error("opencl", "scatter_add", views, bad, axis, length)
     if outer * inner * count == 0:
         return
     target = out if out.strides == _layout(out.shape)[0] else _contiguous(out)
@@ -1185,7 +1013,6 @@ def _scatter_add(out, indices, updates, axis=0) -> None:
         _copy(out, target)
 
 
-_PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2}
 PAD_MAXD = 16
 _PADS = struct.Struct(f"<q{3 * PAD_MAXD}q")
 
@@ -1195,21 +1022,12 @@ def _pad(out, x, pads, mode="constant", value=0.0) -> None:
     dev = out.buffer.device
     if out.dtype != x.dtype or x.dtype not in dev.dtypes:
         raise _dtype_error("pad", views, (x.dtype,))
-    if mode not in _PAD_MODES:
-        raise ValueError(f"opencl kernel pad: mode must be 'constant', 'reflect' or 'edge', got {mode!r}")
     x = _contiguous(x)
     nd = len(x.shape)
-    pads = [int(p) for p in pads]
-    if len(pads) != 2 * nd or min(pads, default=0) < 0:
-        raise _shape_error("pad", views, f"pads must be {2 * nd} non-negative numbers, got {pads}")
-    expect = tuple(s + pads[d] + pads[d + nd] for d, s in enumerate(x.shape))
-    if tuple(out.shape) != expect:
-        raise _shape_error("pad", views, f"the output must have shape {expect}")
+    pads, expect = kernel_checks.pad_dims("opencl", out, x, pads, mode)
     total = math.prod(expect)
     if total == 0:
         return
-    if math.prod(x.shape) == 0 and mode != "constant":
-        raise _shape_error("pad", views, f"mode {mode!r} needs a non-empty input")
     if nd > PAD_MAXD:
         raise _shape_error("pad", views, f"at most {PAD_MAXD} dimensions")
     if math.prod(x.shape) == 0:  # nothing to copy: all constant
@@ -1219,8 +1037,9 @@ def _pad(out, x, pads, mode="constant", value=0.0) -> None:
     fill = [0] * (PAD_MAXD - nd)
     packed = _PADS.pack(nd, *x.shape, *fill, *expect, *fill, *pads[:nd], *fill)
     dev.launch(dev.kernel(f"pad:{size}", "sg_pad"), total,
-               (I64(total), packed, I32(_PAD_MODES[mode]), struct.pack(_BITS_FMT[size], _element_bits(x.dtype, value)),
-                x.buffer.handle.arg, I64(x.offset), out.buffer.handle.arg, I64(out.offset)))
+               (I64(total), packed, I32(kernel_checks.PAD_MODES[mode]),
+                struct.pack(_BITS_FMT[size], _element_bits(x.dtype, value)), x.buffer.handle.arg, I64(x.offset),
+                out.buffer.handle.arg, I64(out.offset)))
 
 
 # -- random numbers -----------------------------------------------------------------------------------------------
@@ -1233,9 +1052,7 @@ def _random_out(name: str, out, allowed) -> int:
     if out.dtype not in allowed or out.dtype not in dev.dtypes:
         raise _dtype_error(name, (out,), allowed)
     cs, n = _layout(out.shape)
-    if out.strides != cs and n > 1:
-        raise _shape_error(name, (out,), "the output must be contiguous")
-    return n
+    return kernel_checks.random_count("opencl", name, out, cs, n)
 
 
 def _random(name: str, out, a: float, b: float | None, seed: int, offset: int, allowed) -> None:
@@ -1272,30 +1089,16 @@ def philox_u32(device, seed: int, offset: int, n: int) -> list[int]:
 
 # -- the table ----------------------------------------------------------------------------------------------------
 
+_reduce_sum = _make_reduce("reduce_sum")
+_reduce_mean = _make_reduce("reduce_mean")
+_reduce_max = _make_reduce("reduce_max")
+_reduce_min = _make_reduce("reduce_min")
+_reduce_prod = _make_reduce("reduce_prod")
+_argmax = _make_arg("argmax")
+_argmin = _make_arg("argmin")
+_softmax = _make_softmax("softmax", 0)
+_log_softmax = _make_softmax("log_softmax", 1)
+_softmax_backward = _make_softmax_backward("softmax_backward", 0)
+_log_softmax_backward = _make_softmax_backward("log_softmax_backward", 1)
 
-def build() -> dict[str, Callable]:
-    table: dict[str, Callable] = {}
-    for entry in expressions.TABLE.values():
-        table[entry.name] = _make_unary(entry) if entry.arity == 1 else _make_binary(entry)
-    table.update({
-        "fill": _fill, "copy": _copy, "cast": _cast, "where": _where,
-        **{name: _make_reduce(name) for name in _REDUCE_OPS},
-        "argmax": _make_arg("argmax"), "argmin": _make_arg("argmin"),
-        "matmul": _matmul,
-        "conv2d": _conv2d, "conv2d_backward_data": _conv2d_backward_data,
-        "conv2d_backward_weight": _conv2d_backward_weight,
-        "pool2d": _pool2d, "pool2d_backward": _pool2d_backward,
-        "batchnorm_train": _batchnorm_train, "batchnorm_infer": _batchnorm_infer,
-        "batchnorm_backward": _batchnorm_backward,
-        "softmax": _make_softmax("softmax", 0), "log_softmax": _make_softmax("log_softmax", 1),
-        "softmax_backward": _make_softmax_backward("softmax_backward", 0),
-        "log_softmax_backward": _make_softmax_backward("log_softmax_backward", 1),
-        "softmax_cross_entropy": _softmax_cross_entropy,
-        "softmax_cross_entropy_backward": _softmax_cross_entropy_backward,
-        "gather": _gather, "scatter_add": _scatter_add, "pad": _pad,
-        "random_uniform": _random_uniform, "random_normal": _random_normal, "random_bernoulli": _random_bernoulli,
-    })
-    return table
-
-
-kernels: dict[str, Callable] = build()
+kernels: dict[str, Callable] = kernel_table.assemble(_make_elementwise, globals())
