@@ -200,7 +200,7 @@ def test_cache_off_and_unwritable(ocl, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SINGA_OPENCL_CACHE", str(blocker / "sub"))
-    monkeypatch.setattr(build, "_warned_write", False)
+    monkeypatch.setattr(build.CACHE, "_warned_write", False)
     with pytest.warns(RuntimeWarning, match="cannot write the kernel cache"):
         prog = _build(ocl, SOURCE + "\n/* unwritable */\n")
     assert _works(ocl, prog)
