@@ -69,7 +69,7 @@ STREAMS = [(0, 0, 1000), (42, 6, 777), (0x1234_5678_9ABC_DEF0, 4 * (1 << 32) + 1
 @pytest.mark.parametrize(("seed", "offset", "n"), STREAMS)
 def test_philox_words_match_the_reference(ocl, seed, offset, n):
     from singa.testing.conformance.references import draws_u32
-    from singa_backend_opencl.table import philox_u32
+    from singa.gpu.table import philox_u32
 
     assert philox_u32(ocl, seed, offset, n) == list(draws_u32(seed, offset, n))
 
@@ -85,7 +85,7 @@ def _cpu():
 def test_uniform_draws_bit_identical_to_cpu(ocl, seed, offset, n):
     cpu = _cpu()
     from singa_backend_cpu.table import philox_u32 as cpu_words
-    from singa_backend_opencl.table import philox_u32
+    from singa.gpu.table import philox_u32
 
     assert philox_u32(ocl, seed, offset, n) == cpu_words(seed, offset, n)
     for dtype, (low, high) in [(F32, (0.0, 1.0)), (F32, (-2.5, 3.75)), (F32, (0.1, 0.3)), (dtypes.float16, (-1, 7)),
@@ -275,7 +275,7 @@ def test_float64_is_refused_clearly(ocl):
 @pytest.mark.parametrize("dtype", [F32, dtypes.float16, dtypes.int32, dtypes.int64], ids=dtypes.name)
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "columns"])
 def test_scatter_add_both_strategies(ocl, monkeypatch, dtype, atomic):
-    from singa_backend_opencl import table
+    from singa.gpu import table
 
     monkeypatch.setattr(table, "SCATTER_ATOMIC_BELOW", 1 << 40 if atomic else 0)
     gen = np.random.default_rng(3)

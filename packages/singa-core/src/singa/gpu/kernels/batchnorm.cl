@@ -3,7 +3,7 @@
  * applies them element-wise. Per-channel vectors are float32 here (table.py converts float16 ones); x, y, dy, dx are
  * T through LD/ST. `coef` holds three sg_acc per channel for the element-wise pass. */
 
-inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
+inline sg_acc sg_group_sum(sg_acc v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -22,7 +22,8 @@ inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
 __kernel void sg_bn_stats(const long N, const long C, const long S, __global const T *x, const long xo,
                           __global const float *scale, __global const float *bias, __global float *rmean,
                           __global float *rvar, __global float *smean, __global float *sinvstd,
-                          const sg_acc momentum, const sg_acc eps, __global sg_acc *coef, __local sg_acc *tmp) {
+                          const sg_acc momentum, const sg_acc eps, __global sg_acc *coef, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long c = get_group_id(0), M = N * S;
     const int lid = get_local_id(0), wg = get_local_size(0);
     sg_acc s = 0;
@@ -71,7 +72,8 @@ __kernel void sg_bn_infer(const long n, const long C, const long S, __global con
 __kernel void sg_bn_bwd_stats(const long N, const long C, const long S, __global const T *dy, const long dyo,
                               __global const T *x, const long xo, __global const float *scale,
                               __global const float *smean, __global const float *sinvstd, __global float *dscale,
-                              __global float *dbias, __global sg_acc *coef, __local sg_acc *tmp) {
+                              __global float *dbias, __global sg_acc *coef, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long c = get_group_id(0), M = N * S;
     const int lid = get_local_id(0), wg = get_local_size(0);
     const sg_acc m = smean[c], inv = sinvstd[c];

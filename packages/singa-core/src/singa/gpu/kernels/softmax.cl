@@ -4,7 +4,7 @@
  * exp in float, sums in sg_acc, log-softmax as (x - m) - (float)log(sum). Defined by table.py: T, LD, ST (float32 or float16). */
 
 #ifndef SG_SCE
-inline float sg_group_max(float v, __local sg_acc *tmp) {
+inline float sg_group_max(float v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -17,7 +17,7 @@ inline float sg_group_max(float v, __local sg_acc *tmp) {
     return r;
 }
 
-inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
+inline sg_acc sg_group_sum(sg_acc v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -32,7 +32,8 @@ inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
 
 /* one work-group per row of len elements (inner == 1) */
 __kernel void sg_softmax_rows(const long len, const int log_, __global const T *x, const long xo, __global T *y,
-                              const long yo, __local sg_acc *tmp) {
+                              const long yo, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long row = get_group_id(0);
     const int lid = get_local_id(0), wg = get_local_size(0);
     const long base = row * len;
@@ -73,7 +74,8 @@ __kernel void sg_softmax_cols(const long outer, const long len, const long inner
 /* softmax: dx = y (dy - sum(dy y)); log-softmax: dx = dy - exp(y) sum(dy) */
 __kernel void sg_softmax_bwd_rows(const long len, const int log_, __global const T *dy, const long dyo,
                                   __global const T *y, const long yo, __global T *dx, const long dxo,
-                                  __local sg_acc *tmp) {
+                                  SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long base = get_group_id(0) * len;
     const int lid = get_local_id(0), wg = get_local_size(0);
     sg_acc s = 0;
