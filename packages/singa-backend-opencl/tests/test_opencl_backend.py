@@ -68,8 +68,8 @@ STREAMS = [(0, 0, 1000), (42, 6, 777), (0x1234_5678_9ABC_DEF0, 4 * (1 << 32) + 1
 
 @pytest.mark.parametrize(("seed", "offset", "n"), STREAMS)
 def test_philox_words_match_the_reference(ocl, seed, offset, n):
-    from singa.testing.conformance.references import draws_u32
     from singa.gpu.table import philox_u32
+    from singa.testing.conformance.references import draws_u32
 
     assert philox_u32(ocl, seed, offset, n) == list(draws_u32(seed, offset, n))
 
@@ -84,8 +84,8 @@ def _cpu():
 @pytest.mark.parametrize(("seed", "offset", "n"), STREAMS)
 def test_uniform_draws_bit_identical_to_cpu(ocl, seed, offset, n):
     cpu = _cpu()
-    from singa_backend_cpu.table import philox_u32 as cpu_words
     from singa.gpu.table import philox_u32
+    from singa_backend_cpu.table import philox_u32 as cpu_words
 
     assert philox_u32(ocl, seed, offset, n) == cpu_words(seed, offset, n)
     for dtype, (low, high) in [(F32, (0.0, 1.0)), (F32, (-2.5, 3.75)), (F32, (0.1, 0.3)), (dtypes.float16, (-1, 7)),

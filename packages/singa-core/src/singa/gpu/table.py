@@ -170,6 +170,22 @@ SOURCES: dict[str, Callable] = {
 }
 
 
+def program_names() -> list[str]:
+    """Every program the shared table can ask a device for (a backend's compile check builds them all)."""
+    names = [f"ew:{e.name}:{SUFFIX[dt]}" for e in expressions.TABLE.values() for dt in e.dtypes if dt in SUFFIX]
+    names += [f"cast:{s}:{d}" for s in SUFFIX.values() for d in SUFFIX.values() if s != d]
+    names += [f"mem:{op}:{size}" for op in ("fill", "copy", "where") for size in (1, 2, 4, 8)]
+    names += [f"reduce:{s}:{d}" for s in SUFFIX.values() for d in SUFFIX.values()]
+    names += [f"{kind}:{SUFFIX[dt]}" for kind in ("arg", "gemm", "random") for dt in SUFFIX]
+    names += [f"{kind}:{SUFFIX[dt]}" for kind in ("pool", "bn", "softmax") for dt in FLOATS]
+    names += [f"sce:{SUFFIX[dt]}:{SUFFIX[t]}" for dt in FLOATS for t in (I32_, I64_, *FLOATS)]
+    names += [f"index:{SUFFIX[i]}" for i in (I32_, I64_)]
+    names += [f"gather:{size}:{SUFFIX[i]}" for size in (1, 2, 4, 8) for i in (I32_, I64_)]
+    names += [f"pad:{size}" for size in (1, 2, 4, 8)]
+    names += [f"scatter:{SUFFIX[dt]}:{SUFFIX[i]}" for dt in (F32, F16, I32_, I64_) for i in (I32_, I64_)]
+    return names
+
+
 def source_of(program: str, dev, sources: dict | None = None) -> str:
     """The source (without the device's prelude) of a program such as 'ew:add:float32' or 'pool:float16';
     `sources` are a backend's own program kinds, looked up first."""
@@ -723,19 +739,29 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
     return kernel
 
 
-def _first_bad_index(dev, idx, count: int, length: int) -> int | None:
-    """The first index of `idx` outside [-length, length), or None. Reads a flag back: a synchronising call, so that
-    the error is raised by the kernel call that caused it, before any output is touched."""
+def _check_indices(dev, idx, count: int, length: int, error: Callable[[int], Exception]) -> None:
+    """Raise error(value) for the first index of `idx` outside [-length, length). Reads a flag back: a synchronising
+    call, so that the error is raised by the kernel call that caused it, before any output is touched. A device that
+    is capturing its work into a replayable graph (`dev.capturing`, CUDA) cannot read: the flag then gets its own
+    buffer and `dev.defer_check` reports a bad index at the next synchronisation."""
     if count == 0:
-        return None
-    flag = dev.scratch("index-flag", 4)
-    dev.fill_bytes(flag.handle, 0, PU32(_INT_MAX), 4)
+        return
+    capturing = getattr(dev, "capturing", False)
+    flag = dev.alloc(4) if capturing else dev.scratch("index-flag", 4)
+    if not capturing:  # a deferred flag is cleared by the device, once, not at every replay
+        dev.fill_bytes(flag.handle, 0, PU32(_INT_MAX), 4)
     dev.launch(dev.kernel(f"index:{SUFFIX[idx.dtype]}", "sg_check_indices"), count,
                (I64(count), I64(length), idx.buffer.handle.arg, I64(idx.offset), flag.handle.arg))
+
+    def value_at(pos: int) -> int:
+        return int(dev.read(View(idx.buffer, idx.dtype, (), offset=idx.offset + pos)))
+
+    if capturing:
+        dev.defer_check(flag, lambda pos: error(value_at(pos)))
+        return
     pos = int(dev.read(View(flag, I32_, ())))
-    if pos == _INT_MAX:
-        return None
-    return int(dev.read(View(idx.buffer, idx.dtype, (), offset=idx.offset + pos)))
+    if pos != _INT_MAX:
+        raise error(value_at(pos))
 
 
 def _xent_check(name: str, x, target, views) -> tuple[int, int]:
@@ -745,9 +771,7 @@ def _xent_check(name: str, x, target, views) -> tuple[int, int]:
             raise _dtype_error(name, views, FLOATS)
     n, c = kernel_checks.xent_dims(backend_of(views), name, x, target, views, FLOATS, (I32_, I64_))
     if target.dtype in (I32_, I64_):
-        bad = _first_bad_index(dev, target, n, c)
-        if bad is not None:
-            raise kernel_checks.label_error(backend_of(views), name, views, bad, c)
+        _check_indices(dev, target, n, c, lambda bad: kernel_checks.label_error(backend_of(views), name, views, bad, c))
     return n, c
 
 
@@ -789,9 +813,8 @@ def _gather(out, x, indices, axis=0) -> None:
         raise _dtype_error("gather", views, (I32_, I64_))
     x, indices = _contiguous(x), _contiguous(indices)
     axis, outer, length, inner, count = kernel_checks.gather_dims(backend_of(views), out, x, indices, axis)
-    bad = _first_bad_index(dev, indices, count, length)
-    if bad is not None:
-        raise kernel_checks.index_error(backend_of(views), "gather", views, bad, axis, length)
+    _check_indices(dev, indices, count, length,
+                   lambda bad: kernel_checks.index_error(backend_of(views), "gather", views, bad, axis, length))
     total = outer * count * inner
     if total == 0:
         return
@@ -813,9 +836,8 @@ def _scatter_add(out, indices, updates, axis=0) -> None:
         raise _dtype_error("scatter_add", views, (I32_, I64_))
     indices, updates = _contiguous(indices), _contiguous(updates)
     axis, outer, length, inner, count = kernel_checks.scatter_dims(backend_of(views), out, indices, updates, axis)
-    bad = _first_bad_index(dev, indices, count, length)
-    if bad is not None:
-        raise kernel_checks.index_error(backend_of(views), "scatter_add", views, bad, axis, length)
+    _check_indices(dev, indices, count, length,
+                   lambda bad: kernel_checks.index_error(backend_of(views), "scatter_add", views, bad, axis, length))
     if outer * inner * count == 0:
         return
     target = out if out.strides == _layout(out.shape)[0] else _contiguous(out)
