@@ -92,7 +92,7 @@ class CudaDevice(Device):
         self.tf32 = os.environ.get("SINGA_CUDA_TF32", "").strip() == "1"
         self._functions: dict[tuple, object] = {}
         self._names: dict[object, str] = {}
-        self._modules: list = []
+        self._modules: dict[str, object] = {}  # program -> CUmodule
         self._small_wg: dict = {}
         self._scratch: dict[str, Buffer] = {}
         self._launch_lock = threading.Lock()
@@ -283,15 +283,13 @@ class CudaDevice(Device):
         from singa_backend_cuda.table import source_of
 
         self.activate()
-        mods = [m for p, m in self._modules if p == program]
-        if mods:
-            mod = mods[0]
-        else:
+        mod = self._modules.get(program)
+        if mod is None:
             cubin = build.compile_program(program, source_of(program, self), self.arch)
             m = ffi.new("CUmodule *")
-            cuda.check(cuda.lib.cuModuleLoadData(m, cubin), f"cuModuleLoadData({program!r} for sm_{self.arch})")
-            mod = m[0]
-            self._modules.append((program, mod))
+            cuda.check(cuda.lib.cuModuleLoadData(m, ffi.from_buffer(cubin)),
+                       f"cuModuleLoadData({program!r} for sm_{self.arch})")
+            mod = self._modules[program] = m[0]
         f = ffi.new("CUfunction *")
         cuda.check(cuda.lib.cuModuleGetFunction(f, mod, name.encode()), f"cuModuleGetFunction({name!r} in "
                                                                          f"{program!r})")
