@@ -41,13 +41,13 @@ stage install 180 "$PY" -m pip install -q --no-index --no-deps --no-build-isolat
 stage info 60 "$PY" -m singa info
 stage precompile 240 "$PY" -m singa_backend_cuda precompile
 stage cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rfE packages/singa-backend-cuda/tests
+stage gpu_check 420 "$PY" benchmarks/gpu_check.py --out "$OUTDIR"
 stage conformance 420 "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=60 --pyargs singa.testing.conformance \
     --singa-device cuda
 stage tests_on_cuda 300 env SINGA_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=30 \
     tests/test_autograd_seed.py tests/test_training_doc.py tests/test_graph.py tests/test_half.py tests/test_layer.py
 stage onnx_models 300 "$PY" benchmarks/onnx_conformance.py --device cuda --output - --category real \
     --category simple --category pytorch-converted --category pytorch-operator
-stage gpu_check 420 "$PY" benchmarks/gpu_check.py --out "$OUTDIR"
 if [ -f packages/singa-comm-nccl/tests/gpu_check.py ]; then
     stage nccl 180 "$PY" packages/singa-comm-nccl/tests/gpu_check.py
 fi
