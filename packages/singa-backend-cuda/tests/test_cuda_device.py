@@ -103,6 +103,25 @@ def test_captured_graph_replays_and_defers_label_checks(gpu):
     gpu.synchronize()  # the flag was cleared after the report
 
 
+def test_deferred_flag_survives_the_graphs_reused_temporaries(gpu):
+    # a temporary freed before the check would hand its block to the flag; the graph rewrites it at every launch
+    x = H.upload(gpu, np.random.default_rng(5).standard_normal((4, 5)).astype(np.float32))
+    labels = H.upload(gpu, np.array([0, 1, 2, 3], np.int32))
+    loss = H.empty(gpu, (4,), F32)
+
+    def step():
+        tmp = View(gpu.alloc(400), F32, (100,))
+        gpu.table["fill"](tmp, -1.0)  # 0xBF800000: a negative position if it ever reached the flag
+        del tmp
+        gpu.table["softmax_cross_entropy"](loss, x, labels)
+
+    launch = gpu.capture(step)
+    assert launch is not None, getattr(gpu, "capture_error", None)
+    for _ in range(3):
+        launch()
+    gpu.synchronize()
+
+
 def test_graph_mode_step_is_one_cuda_graph(gpu, monkeypatch):
     from singa import autograd, layer, model, opt
 
@@ -119,6 +138,9 @@ def test_graph_mode_step_is_one_cuda_graph(gpu, monkeypatch):
             loss = autograd.softmax_cross_entropy(self.forward(x), y)
             self.optimizer(loss)
             return loss
+
+        def set_optimizer(self, optimizer):
+            self.optimizer = optimizer
 
     rng = np.random.default_rng(4)
     xs = [rng.standard_normal((8, 10)).astype(np.float32) for _ in range(4)]

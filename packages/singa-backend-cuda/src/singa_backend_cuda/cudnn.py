@@ -3,12 +3,16 @@
 Loaded on first use (`get()`); a missing wheel raises `libs.MissingLibrary` naming it. Only the convolution calls
 are used (forward, data and filter gradients): cuDNN's kernels there are what no hand-written kernel matches. Each
 distinct convolution (shapes, dtype, stride, padding, dilation, groups, direction) gets a `Plan` once: descriptors,
-the fastest algorithm that `cudnnFind*AlgorithmEx` measured on the real buffers within the workspace limit, and its
-workspace size; later calls only launch. float32 convolutions use FMA kernels (no TF32) unless TF32 is switched on,
+the fastest deterministic algorithm that `cudnnFind*AlgorithmEx` measured on the real buffers within the workspace
+limit (the same inputs give the same bits, run after run and in graph mode as in eager mode;
+SINGA_CUDNN_DETERMINISTIC=0 also admits algorithms that sum with atomics), and its workspace size; later calls only
+launch. float32 convolutions use FMA kernels (no TF32) unless TF32 is switched on,
 like the matrix products; float16 ones use the tensor cores and accumulate in float32.
 """
 
 from __future__ import annotations
+
+import os
 
 from cffi import FFI
 
@@ -72,6 +76,7 @@ NCHW = 0
 DATA = {"float32": 0, "float64": 1, "float16": 2}
 CROSS_CORRELATION = 1
 TENSOR_OP_MATH, FMA_MATH = 1, 3
+DETERMINISTIC = 1
 DIRECTIONS = ("forward", "data", "filter")
 
 _lib = None
@@ -174,10 +179,12 @@ class Plan:
             status = lib.cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, self.x, x, self.y, y, self.conv,
                                                                        self.w, w, 16, count, perf, workspace, limit)
         check(status, f"cudnnFindConvolution({self.direction}, {self.dtype})")
-        for i in range(count[0]):
-            if perf[i].status == 0 and perf[i].memory <= limit:
-                self.algo, self.workspace = perf[i].algo, int(perf[i].memory)
-                return
+        usable = [perf[i] for i in range(count[0]) if perf[i].status == 0 and perf[i].memory <= limit]
+        if os.environ.get("SINGA_CUDNN_DETERMINISTIC", "").strip() != "0":
+            usable = [p for p in usable if p.determinism == DETERMINISTIC] or usable
+        if usable:  # cuDNN lists them fastest first
+            self.algo, self.workspace = usable[0].algo, int(usable[0].memory)
+            return
         raise CudnnError(f"cuDNN has no {self.direction} convolution algorithm for these shapes within "
                          f"{limit} bytes of workspace")
 

@@ -372,7 +372,7 @@ class CudaDevice(Device):
     def blas(self) -> cublas.Handle:
         if self._blas is None:
             self.activate()
-            ws = self.alloc(cublas.WORKSPACE)
+            ws = self.persistent_alloc(cublas.WORKSPACE)
             self._blas_ws = ws  # kept: cuBLAS writes there inside every product
             self._blas = cublas.Handle(self.stream, ws.handle.ptr, self.tf32)
         return self._blas
@@ -414,7 +414,7 @@ class CudaDevice(Device):
             return None
         self.synchronize()
         own_pool = MemoryPool(self._raw_alloc, self._raw_free)
-        main_pool = self.pool
+        main_pool = self._main_pool = self.pool
         self.pool = own_pool
         self.capturing = True
         self._capture_keep, self._capture_checks = [], []
@@ -441,10 +441,23 @@ class CudaDevice(Device):
             check.reset()
         return _CapturedStep(self, graph[0], exe[0], own_pool, self._capture_keep, self._capture_checks).launch
 
-    def defer_check(self, flag: Buffer, error) -> None:
-        """Inside a capture: `flag` (an int32 a check kernel lowers to the first bad position, INT_MAX when clean)
-        is read after the graph's launches, at the next synchronisation; `error(position)` builds the exception."""
+    def deferred_flag(self, error) -> Buffer:
+        """Inside a capture: an int32 flag that a check kernel lowers to the first bad position (INT_MAX when clean),
+        read after the graph's launches, at the next synchronisation; `error(position)` builds the exception. The
+        flag lives outside the graph's memory, which its temporaries reuse at every launch."""
+        flag = self.persistent_alloc(4)
         self._capture_checks.append(_Check(self, flag, error))
+        return flag
+
+    def persistent_alloc(self, nbytes: int) -> Buffer:
+        """A block from the device's own pool even while capturing (memory that outlives the captured work)."""
+        if not self.capturing:
+            return self.alloc(nbytes)
+        pool, self.pool = self.pool, self._main_pool
+        try:
+            return self.alloc(nbytes)
+        finally:
+            self.pool = pool
 
     def _run_checks(self) -> None:
         pending, self._pending_checks = self._pending_checks, {}
