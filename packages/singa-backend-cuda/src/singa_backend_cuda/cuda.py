@@ -51,6 +51,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream stream);
 CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t n, CUstream stream);

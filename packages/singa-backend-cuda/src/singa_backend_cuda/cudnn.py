@@ -3,11 +3,14 @@
 Loaded on first use (`get()`); a missing wheel raises `libs.MissingLibrary` naming it. Only the convolution calls
 are used (forward, data and filter gradients): cuDNN's kernels there are what no hand-written kernel matches. Each
 distinct convolution (shapes, dtype, stride, padding, dilation, groups, direction) gets a `Plan` once: descriptors,
-the fastest deterministic algorithm that `cudnnFind*AlgorithmEx` measured on the real buffers within the workspace
-limit (the same inputs give the same bits, run after run and in graph mode as in eager mode;
-SINGA_CUDNN_DETERMINISTIC=0 also admits algorithms that sum with atomics), and its workspace size; later calls only
-launch. float32 convolutions use FMA kernels (no TF32) unless TF32 is switched on,
-like the matrix products; float16 ones use the tensor cores and accumulate in float32.
+the fastest algorithm that `cudnnFind*AlgorithmEx` measured on the real buffers within the workspace limit, and its
+workspace size; later calls only launch. Two rules pick among the measured algorithms:
+* deterministic ones first: the same inputs give the same bits, run after run and in graph mode as in eager mode
+  (SINGA_CUDNN_DETERMINISTIC=0 also admits those that sum with atomics);
+* float32 (without TF32) and float64 take only the GEMM-like and direct algorithms, whose error is that of the
+  float32 products themselves, not FFT or Winograd transforms, which trade a few digits for speed as TF32 does;
+  float32 uses FMA kernels unless TF32 is switched on, like the matrix products. float16 takes any algorithm, on the
+  tensor cores, accumulating in float32.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ DATA = {"float32": 0, "float64": 1, "float16": 2}
 CROSS_CORRELATION = 1
 TENSOR_OP_MATH, FMA_MATH = 1, 3
 DETERMINISTIC = 1
+# the algorithms that compute the plain sum of products (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t): implicit /
+# precomputed / explicit GEMM and direct for the forward pass, ALGO_0/ALGO_1 (and ALGO_3) for the gradients
+EXACT = {"forward": {0, 1, 2, 3}, "data": {0, 1}, "filter": {0, 1, 3}}
 DIRECTIONS = ("forward", "data", "filter")
 
 _lib = None
@@ -161,6 +167,7 @@ class Plan:
         check(lib.cudnnSetConvolutionMathType(self.conv, math_type), "cudnnSetConvolutionMathType")
         self.algo = None
         self.workspace = 0
+        self.exact = dtype == "float64" or (dtype == "float32" and not tf32)
         self.scalar = "double *" if dtype == "float64" else "float *"
 
     def find(self, handle, x: int, w: int, y: int, workspace: int, limit: int) -> None:
@@ -180,6 +187,8 @@ class Plan:
                                                                        self.w, w, 16, count, perf, workspace, limit)
         check(status, f"cudnnFindConvolution({self.direction}, {self.dtype})")
         usable = [perf[i] for i in range(count[0]) if perf[i].status == 0 and perf[i].memory <= limit]
+        if self.exact:
+            usable = [p for p in usable if p.algo in EXACT[self.direction]] or usable
         if os.environ.get("SINGA_CUDNN_DETERMINISTIC", "").strip() != "0":
             usable = [p for p in usable if p.determinism == DETERMINISTIC] or usable
         if usable:  # cuDNN lists them fastest first

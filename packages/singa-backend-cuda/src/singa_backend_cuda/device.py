@@ -8,9 +8,12 @@ may be gone as soon as we return). `synchronize()` waits for the stream and repo
 
 Graph mode (singa.graph) replays a recorded training step; `capture` turns that replay into a CUDA Graph by stream
 capture, so a replayed step is one launch from Python. Memory that kernels allocate while being captured comes from
-a pool of the graph's own, alive as long as the graph, since the graph uses those addresses at every launch. Checks
-that need a host read (class labels, gather indices) are deferred inside a captured graph: the kernel records the
-first bad position on the device and the next synchronisation raises the error.
+a pool of the graph's own, alive as long as the graph, since the graph uses those addresses at every launch.
+
+Checks of index values (class labels, gather and scatter indices) run on the device and are reported at the next
+synchronisation, as PyTorch's device-side asserts are: the check kernel lowers a flag to the first bad position, and
+the next host read (or `synchronize()`) reads the flags back and raises the error, naming the kernel, its views and
+the value. Nothing waits for the GPU in between, so eager steps keep the host and the device busy at once.
 
 Errors name the CUDA call and its error string; a failed launch names the kernel, its grid and its program; an
 asynchronous fault (an illegal address, say) surfaces at the next synchronisation with the last kernels launched.
@@ -36,6 +39,9 @@ _NULL = ffi.NULL
 _STAGING = 8 << 20  # bytes of pinned memory for host copies (larger ones go in pieces, or pageable for writes)
 _tls = threading.local()  # the context current on this thread
 I64 = struct.Struct("<q").pack
+FLAG_SLOTS = 256  # eager index checks in flight between two synchronisations
+_CLEAR = 2 ** 31 - 1  # a check flag with no bad position
+_CLEAR_BYTES = struct.pack("<i", _CLEAR)
 
 
 class CudaBuffer:
@@ -116,6 +122,8 @@ class CudaDevice(Device):
         self._capture_keep: list = []
         self._capture_checks: list = []
         self._pending_checks: dict[int, _Check] = {}  # checks of graphs launched since the last synchronisation
+        self._flags: Buffer | None = None  # FLAG_SLOTS int32 flags of eager checks, read back in one copy
+        self._flag_checks: list = []  # the error builder of each flag slot in use
         self.capture_error: str | None = None  # why the last capture failed
         from singa_backend_cuda.table import kernels
 
@@ -441,13 +449,24 @@ class CudaDevice(Device):
             check.reset()
         return _CapturedStep(self, graph[0], exe[0], own_pool, self._capture_keep, self._capture_checks).launch
 
-    def deferred_flag(self, error) -> Buffer:
-        """Inside a capture: an int32 flag that a check kernel lowers to the first bad position (INT_MAX when clean),
-        read after the graph's launches, at the next synchronisation; `error(position)` builds the exception. The
-        flag lives outside the graph's memory, which its temporaries reuse at every launch."""
-        flag = self.persistent_alloc(4)
-        self._capture_checks.append(_Check(self, flag, error))
-        return flag
+    def deferred_flag(self, error):
+        """An int32 flag (as a buffer: its `handle.arg` is what the check kernel takes) that a check kernel lowers to
+        the first bad position; the next synchronisation reads it and raises `error(position)`. Eager flags are
+        slots of one buffer, cleared in the stream as they are handed out; a captured graph's flags are its own,
+        outside the graph's memory (which its temporaries reuse at every launch), cleared after each report."""
+        if self.capturing:
+            flag = self.persistent_alloc(4)
+            self._capture_checks.append(_Check(self, flag, error))
+            return flag
+        if len(self._flag_checks) == FLAG_SLOTS:
+            self.synchronize()  # reports and frees every slot
+        if self._flags is None:
+            self._flags = self.alloc(4 * FLAG_SLOTS)
+        slot = len(self._flag_checks)
+        handle = CudaBuffer(self._flags.handle.ptr + 4 * slot, 4)
+        self.fill_bytes(handle, 0, _CLEAR_BYTES, 4)
+        self._flag_checks.append(error)
+        return _Slot(handle)
 
     def persistent_alloc(self, nbytes: int) -> Buffer:
         """A block from the device's own pool even while capturing (memory that outlives the captured work)."""
@@ -460,6 +479,16 @@ class CudaDevice(Device):
             self.pool = pool
 
     def _run_checks(self) -> None:
+        """After a synchronisation: report the first failed check (eager flags, then those of graphs launched)."""
+        eager, self._flag_checks = self._flag_checks, []
+        if eager:
+            flags = np.empty(len(eager), np.int32)
+            cuda.check(cuda.lib.cuMemcpyDtoH_v2(ffi.from_buffer(flags, require_writable=True), self._flags.handle.ptr,
+                                                flags.nbytes), "cuMemcpyDtoH (check flags)")
+            for pos, error in zip(flags.tolist(), eager):
+                if pos != _CLEAR:
+                    self._pending_checks = {}
+                    raise error(pos)
         pending, self._pending_checks = self._pending_checks, {}
         for check in pending.values():
             check.verify()
@@ -476,20 +505,27 @@ class _Pinned:
             cuda.lib.cuMemFreeHost(self.ptr)
 
 
-class _Check:
-    """A deferred device-side check of a captured graph (see CudaDevice.defer_check)."""
+class _Slot:
+    """One eager check flag: a slot of the device's flag buffer, shaped like a Buffer for the kernel tables."""
 
-    _CLEAR = 2 ** 31 - 1
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: CudaBuffer):
+        self.handle = handle
+
+
+class _Check:
+    """A deferred device-side check of a captured graph (see CudaDevice.deferred_flag)."""
 
     def __init__(self, dev: CudaDevice, flag: Buffer, error):
         self.dev, self.flag, self.error = dev, flag, error
 
     def reset(self) -> None:
-        self.dev.fill_bytes(self.flag.handle, 0, struct.pack("<i", self._CLEAR), 4)
+        self.dev.fill_bytes(self.flag.handle, 0, _CLEAR_BYTES, 4)
 
     def verify(self) -> None:
         pos = int(self.dev.read(View(self.flag, dtypes.int32, ())))
-        if pos != self._CLEAR:
+        if pos != _CLEAR:
             self.reset()
             exc = self.error(pos)
             note = "found on the GPU in a step replayed as a CUDA graph, reported at the next synchronisation"

@@ -740,25 +740,25 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
 
 
 def _check_indices(dev, idx, count: int, length: int, error: Callable[[int], Exception]) -> None:
-    """Raise error(value) for the first index of `idx` outside [-length, length). Reads a flag back: a synchronising
-    call, so that the error is raised by the kernel call that caused it, before any output is touched. A device that
-    is capturing its work into a replayable graph (`dev.capturing`, CUDA) cannot read: `dev.deferred_flag(error)` then
-    gives a flag of the graph's own, which the device reads after the graph's launches, at the next synchronisation."""
+    """Raise error(value) for the first index of `idx` outside [-length, length). The check kernel lowers a flag to
+    the first bad position. A device with `deferred_flag(error)` (CUDA) hands out a flag that it reads back at the
+    next synchronisation, as the conformance suite allows an asynchronous device to; otherwise the flag is read back
+    at once, so that the error comes from the kernel call that caused it, before any output is touched."""
     if count == 0:
         return
 
     def value_at(pos: int) -> int:
         return int(dev.read(View(idx.buffer, idx.dtype, (), offset=idx.offset + pos)))
 
-    capturing = getattr(dev, "capturing", False)
-    if capturing:
-        flag = dev.deferred_flag(lambda pos: error(value_at(pos)))
+    deferred = getattr(dev, "deferred_flag", None)
+    if deferred is not None:
+        flag = deferred(lambda pos: error(value_at(pos)))
     else:
         flag = dev.scratch("index-flag", 4)
         dev.fill_bytes(flag.handle, 0, PU32(_INT_MAX), 4)
     dev.launch(dev.kernel(f"index:{SUFFIX[idx.dtype]}", "sg_check_indices"), count,
                (I64(count), I64(length), idx.buffer.handle.arg, I64(idx.offset), flag.handle.arg))
-    if capturing:
+    if deferred is not None:
         return
     pos = int(dev.read(View(flag, I32_, ())))
     if pos != _INT_MAX:
