@@ -318,6 +318,8 @@ class CudaDevice(Device):
     def _pack(args) -> tuple[bytes, int]:
         """The kernel parameters as one buffer, each aligned to its size (up to 8), and the dynamic shared memory:
         an int argument is the byte size of a work-group array (passed as an 8-byte parameter too)."""
+        if all(type(a) is bytes and len(a) == 8 for a in args):  # the common case: pointers, longs, doubles
+            return b"".join(args), 0
         parts = []
         off = shared = 0
         for a in args:
@@ -345,8 +347,11 @@ class CudaDevice(Device):
                                            self._stream, _NULL, self._extra)
             self._recent.append(self._names.get(kernel, "?"))
         if code:
+            words = ", ".join(hex(w) for w in struct.unpack(f"<{min(len(buf) // 8, 12)}Q", buf[:8 * min(len(buf) // 8,
+                                                                                                       12)]))
             raise cuda.CudaError(code, f"cuLaunchKernel({self._names.get(kernel, '?')}, grid {grid}, block {block}, "
-                                       f"{shared} bytes shared, {len(buf)} bytes of arguments on {self.name})")
+                                       f"{shared} bytes shared, arguments [{words}{', ...' if len(buf) > 96 else ''}]"
+                                       f" on {self.name})")
 
     def launch(self, kernel, n: int, args, local: int | None = None) -> None:
         """Run `kernel` over n work-items, in blocks of `local` (default the kernel's group size)."""
