@@ -13,7 +13,7 @@ from collections.abc import Callable
 from singa import dtypes, kernel_checks
 from singa.backend import View, contiguous_strides
 from singa.gpu import table as gpu
-from singa.gpu.table import F16, F32, FLOATS, I32_, I64_, SUFFIX, _copy, _dtype_error, _fill, _new
+from singa.gpu.table import F16, F32, F64, FLOATS, I32_, I64_, SUFFIX, _copy, _dtype_error, _fill, _new
 from singa_backend_cuda import cudnn
 
 
@@ -31,7 +31,7 @@ def _ptr(v) -> int:
 
 
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
-    setup = gpu.matmul_setup(out, a, b, trans_a, trans_b, alpha, beta, (F32, F16, I32_, I64_))
+    setup = gpu.matmul_setup(out, a, b, trans_a, trans_b, alpha, beta, (F32, F16, F64, I32_, I64_))
     if setup is None:
         return
     a, b, batch, ba, bb, m, n, k = setup

@@ -16,11 +16,13 @@ from singa.gpu import table as gpu
 from singa.gpu.table import (
     F16,
     F32,
+    F64,
     FLOATS,
     I32,
     I32_,
     I64,
     I64_,
+    ITEMSIZE,
     SUFFIX,
     _cast,
     _contiguous,
@@ -31,54 +33,59 @@ from singa.gpu.table import (
 from singa_backend_opencl import build, clblast
 
 # program kinds of this backend only (the shared ones are in singa.gpu.table.SOURCES)
-SOURCES: dict[str, Callable] = {"conv": lambda dev: build.read_source("conv.cl")}
+SOURCES: dict[str, Callable] = {"conv": lambda dev, dt: gpu.real_types(dt) + build.read_source("conv.cl")}
 
 
 def source_of(program: str, dev) -> str:
-    """The OpenCL C source (without common.cl) of a program such as 'ew:add:float32' or 'conv'."""
+    """The OpenCL C source (without common.cl) of a program such as 'ew:add:float32' or 'conv:float32'."""
     return gpu.source_of(program, dev, SOURCES)
 
 
 # -- matrix products ----------------------------------------------------------------------------------------------
 
 
-def _sgemm(dev, a, b, c, m: int, n: int, k: int, ta: bool, tb: bool, alpha: float, beta: float,
-           offsets: list) -> None:
-    """float32 products C_i = alpha op(A_i) op(B_i) + beta C_i of (a offset, b offset, c offset) triples, on the
-    ClBuffers a, b, c with natural leading dimensions (row-major)."""
+_BLAS = {F32: ("S", "float[]"), F64: ("D", "double[]")}
+
+
+def _gemm(dev, dt: int, a, b, c, m: int, n: int, k: int, ta: bool, tb: bool, alpha: float, beta: float,
+          offsets: list) -> None:
+    """float32 or float64 (`dt`) products C_i = alpha op(A_i) op(B_i) + beta C_i of (a offset, b offset, c offset)
+    triples, on the ClBuffers a, b, c with natural leading dimensions (row-major)."""
     lda, ldb, ldc = (m if ta else k), (k if tb else n), n
     lib = clblast.lib
     if lib is None:  # the portable kernel, one product at a time
-        kern = dev.kernel("gemm:float32", "sg_gemm")
+        kern = dev.kernel(f"gemm:{SUFFIX[dt]}", "sg_gemm")
         for ao, bo, co in offsets:
             gpu.own_gemm(dev, kern, a, ao, b, bo, c, co, 1, 1, 1, m, n, k, ta, tb, alpha, beta)
         return
     tra = clblast.TRANS if ta else clblast.NO_TRANS
     trb = clblast.TRANS if tb else clblast.NO_TRANS
     q = dev.queue_ptr
+    p, scalars = _BLAS[dt]
     if len(offsets) == 1:
         ao, bo, co = offsets[0]
-        clblast.check(lib.CLBlastSgemm(clblast.ROW_MAJOR, tra, trb, m, n, k, alpha, a.mem, ao, lda, b.mem, bo, ldb,
-                                       beta, c.mem, co, ldc, q, clblast.ffi.NULL), f"Sgemm {m}x{n}x{k}")
+        clblast.check(getattr(lib, f"CLBlast{p}gemm")(clblast.ROW_MAJOR, tra, trb, m, n, k, alpha, a.mem, ao, lda,
+                                                      b.mem, bo, ldb, beta, c.mem, co, ldc, q, clblast.ffi.NULL),
+                      f"{p}gemm {m}x{n}x{k}")
         return
     steps = [tuple(y - x for x, y in zip(offsets[i], offsets[i + 1])) for i in range(len(offsets) - 1)]
     if all(s == steps[0] for s in steps) and min(steps[0]) >= 0:
         (ao, bo, co), (sa, sb, sc) = offsets[0], steps[0]
-        clblast.check(lib.CLBlastSgemmStridedBatched(clblast.ROW_MAJOR, tra, trb, m, n, k, alpha, a.mem, ao, lda, sa,
-                                                     b.mem, bo, ldb, sb, beta, c.mem, co, ldc, sc, len(offsets), q,
-                                                     clblast.ffi.NULL), f"SgemmStridedBatched {m}x{n}x{k}")
+        clblast.check(getattr(lib, f"CLBlast{p}gemmStridedBatched")(
+            clblast.ROW_MAJOR, tra, trb, m, n, k, alpha, a.mem, ao, lda, sa, b.mem, bo, ldb, sb, beta, c.mem, co, ldc,
+            sc, len(offsets), q, clblast.ffi.NULL), f"{p}gemmStridedBatched {m}x{n}x{k}")
         return
     count = len(offsets)
     ffi = clblast.ffi
-    clblast.check(lib.CLBlastSgemmBatched(
-        clblast.ROW_MAJOR, tra, trb, m, n, k, ffi.new("float[]", [alpha] * count), a.mem,
+    clblast.check(getattr(lib, f"CLBlast{p}gemmBatched")(
+        clblast.ROW_MAJOR, tra, trb, m, n, k, ffi.new(scalars, [alpha] * count), a.mem,
         ffi.new("size_t[]", [o[0] for o in offsets]), lda, b.mem, ffi.new("size_t[]", [o[1] for o in offsets]), ldb,
-        ffi.new("float[]", [beta] * count), c.mem, ffi.new("size_t[]", [o[2] for o in offsets]), ldc, count, q,
-        ffi.NULL), f"SgemmBatched {m}x{n}x{k} x{count}")
+        ffi.new(scalars, [beta] * count), c.mem, ffi.new("size_t[]", [o[2] for o in offsets]), ldc, count, q,
+        ffi.NULL), f"{p}gemmBatched {m}x{n}x{k} x{count}")
 
 
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
-    setup = gpu.matmul_setup(out, a, b, trans_a, trans_b, alpha, beta, (F32, F16, I32_, I64_))
+    setup = gpu.matmul_setup(out, a, b, trans_a, trans_b, alpha, beta, (F32, F16, I32_, I64_, F64))
     if setup is None:
         return
     a, b, batch, ba, bb, m, n, k = setup
@@ -92,24 +99,25 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
             _cast(fb, b)
             if beta != 0:
                 _cast(fo, out)
-            _matmul_f32(dev, fa, fb, fo, batch, ba, bb, m, n, k, ta, tb, alpha, beta)
+            _matmul_real(dev, fa, fb, fo, batch, ba, bb, m, n, k, ta, tb, alpha, beta)
             _cast(out, fo)
             return
-        _matmul_f32(dev, a, b, out, batch, ba, bb, m, n, k, ta, tb, alpha, beta)
+        _matmul_real(dev, a, b, out, batch, ba, bb, m, n, k, ta, tb, alpha, beta)
         return
     gpu.own_gemm(dev, dev.kernel(f"gemm:{SUFFIX[dt]}", "sg_gemm"), a.buffer.handle, a.offset, b.buffer.handle,
                  b.offset, out.buffer.handle, out.offset, batch, ba, bb, m, n, k, ta, tb, alpha, beta)
 
 
-def _matmul_f32(dev, a, b, out, batch, ba, bb, m, n, k, ta, tb, alpha, beta) -> None:
+def _matmul_real(dev, a, b, out, batch, ba, bb, m, n, k, ta, tb, alpha, beta) -> None:
+    """A float32 or float64 product through CLBlast."""
     ah, bh, ch = a.buffer.handle, b.buffer.handle, out.buffer.handle
     if batch > 1 and ba == batch and bb == 1 and not ta:
         # a stack of row-major matrices times one matrix is one taller product
-        _sgemm(dev, ah, bh, ch, batch * m, n, k, ta, tb, alpha, beta, [(a.offset, b.offset, out.offset)])
+        _gemm(dev, a.dtype, ah, bh, ch, batch * m, n, k, ta, tb, alpha, beta, [(a.offset, b.offset, out.offset)])
         return
     offsets = [(a.offset + (0 if ba == 1 else i * m * k), b.offset + (0 if bb == 1 else i * k * n),
                 out.offset + i * m * n) for i in range(batch)]
-    _sgemm(dev, ah, bh, ch, m, n, k, ta, tb, alpha, beta, offsets)
+    _gemm(dev, a.dtype, ah, bh, ch, m, n, k, ta, tb, alpha, beta, offsets)
 
 
 # -- convolution --------------------------------------------------------------------------------------------------
@@ -136,8 +144,8 @@ def _conv_args(name: str, dts, views) -> None:
 
 
 def _as_f32(v):
-    """float32 view of a float view (a converted copy for float16)."""
-    if v is None or v.dtype == F32:
+    """float32 view of a float16 view (a converted copy; float32 and float64 views are used as they are)."""
+    if v is None or v.dtype != F16:
         return v
     f = _new(v.buffer.device, v.shape, F32)
     _cast(f, v)
@@ -153,13 +161,13 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
         return
     if out.dtype == F16:
         y = _new(out.buffer.device, out.shape, F32)
-        _conv2d_f32(g, y, _as_f32(x), _as_f32(w), _as_f32(b))
+        _conv2d_real(g, y, _as_f32(x), _as_f32(w), _as_f32(b))
         _cast(out, y)
         return
-    _conv2d_f32(g, out, x, w, b)
+    _conv2d_real(g, out, x, w, b)
 
 
-def _conv2d_f32(g: _Geometry, y, x, w, b) -> None:
+def _conv2d_real(g: _Geometry, y, x, w, b) -> None:
     dev = y.buffer.device
     if g.ckk == 0:  # nothing to correlate: the bias alone
         if b is None:
@@ -168,7 +176,8 @@ def _conv2d_f32(g: _Geometry, y, x, w, b) -> None:
             _conv_bias(dev, g, y, b, 1)
         return
     nb = g.chunk(g.rows * g.ohw)
-    col = None if g.pointwise else dev.alloc(nb * g.rows * g.ohw * 4)
+    dt, isz = y.dtype, ITEMSIZE[y.dtype]
+    col = None if g.pointwise else dev.alloc(nb * g.rows * g.ohw * isz)
     for n0 in range(0, g.N, nb):
         cnt = min(nb, g.N - n0)
         if g.pointwise:  # x itself is the unfolded matrix
@@ -178,21 +187,21 @@ def _conv2d_f32(g: _Geometry, y, x, w, b) -> None:
             src, base = col.handle, 0
         offsets = [(w.offset + gi * g.Kg * g.ckk, base + (i * g.rows + gi * g.ckk) * g.ohw,
                     y.offset + ((n0 + i) * g.K + gi * g.Kg) * g.ohw) for i in range(cnt) for gi in range(g.G)]
-        _sgemm(dev, w.buffer.handle, src, y.buffer.handle, g.Kg, g.ohw, g.ckk, False, False, 1.0, 0.0, offsets)
+        _gemm(dev, dt, w.buffer.handle, src, y.buffer.handle, g.Kg, g.ohw, g.ckk, False, False, 1.0, 0.0, offsets)
     if b is not None:
         _conv_bias(dev, g, y, b, 0)
 
 
 def _conv_bias(dev, g: _Geometry, y, b, set_: int) -> None:
     rows = g.N * g.K
-    dev.launch(dev.kernel("conv", "sg_conv_bias"), rows, (I64(rows), I64(g.K), I64(g.ohw), y.buffer.handle.arg,
-                                                          I64(y.offset), b.buffer.handle.arg, I64(b.offset),
-                                                          I32(set_)))
+    dev.launch(dev.kernel(f"conv:{SUFFIX[y.dtype]}", "sg_conv_bias"), rows,
+               (I64(rows), I64(g.K), I64(g.ohw), y.buffer.handle.arg, I64(y.offset), b.buffer.handle.arg, I64(b.offset),
+                I32(set_)))
 
 
 def _im2col(dev, g: _Geometry, x, n0: int, nb: int, col, col_sn: int, col_sr: int) -> None:
     total = nb * g.rows * g.OH  # one work-item per output row of each unfolded row
-    dev.launch(dev.kernel("conv", "sg_im2col"), total,
+    dev.launch(dev.kernel(f"conv:{SUFFIX[x.dtype]}", "sg_im2col"), total,
                (g.packed, I64(n0), I64(nb), x.buffer.handle.arg, I64(x.offset), col.handle.arg, I64(0), I64(col_sn),
                 I64(col_sr)))
 
@@ -209,26 +218,27 @@ def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
         return
     if dx.dtype == F16:
         f = _new(dx.buffer.device, dx.shape, F32)
-        _conv_bwd_data_f32(g, f, _as_f32(dy), _as_f32(w))
+        _conv_bwd_data_real(g, f, _as_f32(dy), _as_f32(w))
         _cast(dx, f)
         return
-    _conv_bwd_data_f32(g, dx, dy, w)
+    _conv_bwd_data_real(g, dx, dy, w)
 
 
-def _conv_bwd_data_f32(g: _Geometry, dx, dy, w) -> None:
+def _conv_bwd_data_real(g: _Geometry, dx, dy, w) -> None:
     dev = dx.buffer.device
     nb = g.chunk(g.rows * g.ohw)
-    col = None if g.pointwise else dev.alloc(nb * g.rows * g.ohw * 4)
+    dt, isz = dx.dtype, ITEMSIZE[dx.dtype]
+    col = None if g.pointwise else dev.alloc(nb * g.rows * g.ohw * isz)
     for n0 in range(0, g.N, nb):
         cnt = min(nb, g.N - n0)
         # column gradient of image i, group gi: w_g^T (ckk, Kg) @ dy_(i, g) (Kg, ohw); pointwise: dx itself
         target, base = (dx.buffer.handle, dx.offset + n0 * g.C * g.hw) if g.pointwise else (col.handle, 0)
         offsets = [(w.offset + gi * g.Kg * g.ckk, dy.offset + ((n0 + i) * g.K + gi * g.Kg) * g.ohw,
                     base + (i * g.rows + gi * g.ckk) * g.ohw) for i in range(cnt) for gi in range(g.G)]
-        _sgemm(dev, w.buffer.handle, dy.buffer.handle, target, g.ckk, g.ohw, g.Kg, True, False, 1.0, 0.0, offsets)
+        _gemm(dev, dt, w.buffer.handle, dy.buffer.handle, target, g.ckk, g.ohw, g.Kg, True, False, 1.0, 0.0, offsets)
         if not g.pointwise:
             total = cnt * g.C * g.H  # one work-item per row of dx
-            dev.launch(dev.kernel("conv", "sg_col2im"), total,
+            dev.launch(dev.kernel(f"conv:{SUFFIX[dt]}", "sg_col2im"), total,
                        (g.packed, I64(n0), I64(cnt), col.handle.arg, I64(0), I64(g.rows * g.ohw), I64(g.ohw),
                         dx.buffer.handle.arg, I64(dx.offset)))
 
@@ -245,24 +255,25 @@ def _conv2d_backward_weight(dw, dy, x, stride=(1, 1), padding=(0, 0, 0, 0), dila
         return
     if dw.dtype == F16:
         f = _new(dw.buffer.device, dw.shape, F32)
-        _conv_bwd_weight_f32(g, f, _as_f32(dy), _as_f32(x))
+        _conv_bwd_weight_real(g, f, _as_f32(dy), _as_f32(x))
         _cast(dw, f)
         return
-    _conv_bwd_weight_f32(g, dw, dy, x)
+    _conv_bwd_weight_real(g, dw, dy, x)
 
 
-def _conv_bwd_weight_f32(g: _Geometry, dw, dy, x) -> None:
+def _conv_bwd_weight_real(g: _Geometry, dw, dy, x) -> None:
     dev = dw.buffer.device
     nb = g.chunk((g.rows + g.K) * g.ohw)
-    col = dev.alloc(nb * g.rows * g.ohw * 4)
-    dyt = dev.alloc(nb * g.K * g.ohw * 4) if nb > 1 else None
+    dt, isz = dw.dtype, ITEMSIZE[dw.dtype]
+    col = dev.alloc(nb * g.rows * g.ohw * isz)
+    dyt = dev.alloc(nb * g.K * g.ohw * isz) if nb > 1 else None
     for n0 in range(0, g.N, nb):
         cnt = min(nb, g.N - n0)
         L = cnt * g.ohw
         # unfolded rows (C*kh*kw, images * ohw), so group gi's block is the contiguous (ckk, L) at gi * ckk * L
         _im2col(dev, g, x, n0, cnt, col, g.ohw, L)
         if cnt > 1:  # dy of the chunk as (K, images * ohw)
-            dev.launch(dev.kernel("conv", "sg_batch_to_rows"), g.K * cnt,
+            dev.launch(dev.kernel(f"conv:{SUFFIX[dt]}", "sg_batch_to_rows"), g.K * cnt,
                        (I64(g.K), I64(g.ohw), I64(n0), I64(cnt), dy.buffer.handle.arg, I64(dy.offset),
                         dyt.handle.arg))
             dsrc, dbase = dyt.handle, 0
@@ -270,8 +281,8 @@ def _conv_bwd_weight_f32(g: _Geometry, dw, dy, x) -> None:
             dsrc, dbase = dy.buffer.handle, dy.offset + n0 * g.K * g.ohw
         # dw_g (Kg, ckk) (+)= dy_g (Kg, L) @ col_g^T (L, ckk)
         offsets = [(dbase + gi * g.Kg * L, gi * g.ckk * L, dw.offset + gi * g.Kg * g.ckk) for gi in range(g.G)]
-        _sgemm(dev, dsrc, col.handle, dw.buffer.handle, g.Kg, g.ckk, L, False, True, 1.0, 0.0 if n0 == 0 else 1.0,
-               offsets)
+        _gemm(dev, dt, dsrc, col.handle, dw.buffer.handle, g.Kg, g.ckk, L, False, True, 1.0, 0.0 if n0 == 0 else 1.0,
+              offsets)
 
 
 kernels: dict[str, Callable] = gpu.assemble("opencl", globals())

@@ -92,6 +92,8 @@ typedef struct {
 #define SG_LD_F16(p, i) vload_half((i), (p))
 #define SG_ST_F16(p, i, v) vstore_half_rte((float)(v), (i), (p))
 #define SG_ST_F16_ACC(p, i, v) vstore_half_rte((sg_acc)(v), (i), (p))
+#define SG_LD_F64(p, i) ((p)[i])
+#define SG_ST_F64(p, i, v) ((p)[i] = (double)(v))
 #define SG_LD_I32(p, i) ((p)[i])
 #define SG_ST_I32(p, i, v) ((p)[i] = (int)(v))
 #define SG_LD_I64(p, i) ((p)[i])

@@ -49,10 +49,13 @@ PF32 = struct.Struct("<f").pack
 PF64 = struct.Struct("<d").pack
 KERNELS = Path(__file__).resolve().parent / "kernels"
 
-F32, F16, I32_, I64_, BOOL = dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_
-SUFFIX = {F32: "float32", F16: "float16", I32_: "int32", I64_: "int64", BOOL: "bool"}
+F32, F16, I32_, I64_, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
+                                   dtypes.float64)
+# float64 has kernels like every dtype; a device computes it only where it declares it (CUDA does; OpenCL devices
+# without cl_khr_fp64 do not)
+SUFFIX = {F32: "float32", F16: "float16", I32_: "int32", I64_: "int64", BOOL: "bool", F64: "float64"}
 ITEMSIZE = {dt: dtypes.itemsize(dt) for dt in SUFFIX}
-FLOATS = (F32, F16)
+FLOATS = (F32, F16, F64)
 MAXD = 8  # SG_MAXD of the preludes
 _DIMS = struct.Struct(f"<q{MAXD}q{4 * MAXD}q")  # sg_dims
 _INT_MAX = 2 ** 31 - 1
@@ -60,16 +63,21 @@ _U64 = (1 << 64) - 1
 
 # -- program sources ------------------------------------------------------------------------------------------------
 
-_MACRO = {F32: "F32", F16: "F16", I32_: "I32", I64_: "I64", BOOL: "BOOL"}
-_STORAGE = {F32: "float", F16: "half", I32_: "int", I64_: "long", BOOL: "uchar"}
+_MACRO = {F32: "F32", F16: "F16", I32_: "I32", I64_: "I64", BOOL: "BOOL", F64: "F64"}
+_STORAGE = {F32: "float", F16: "half", I32_: "int", I64_: "long", BOOL: "uchar", F64: "double"}
 _BITS = codegen.BITS
 
 
 def _types(dtype: int, t: str = "T", ld: str = "LD", st: str = "ST", from_acc: bool = False) -> str:
-    """Macros naming a dtype's storage type, load and store; `from_acc`: stores round once from sg_acc."""
+    """Macros naming a dtype's storage type, load and store; `from_acc`: stores round once from sg_acc. For the main
+    type T also CT, the type its values are computed in, and V, that of batch normalisation's per-channel vectors."""
     m = _MACRO[dtype]
     store = f"SG_ST_{m}_ACC" if from_acc and dtype == F16 else f"SG_ST_{m}"
-    return f"#define {t} {_STORAGE[dtype]}\n#define {ld} SG_LD_{m}\n#define {st} {store}\n"
+    head = f"#define {t} {_STORAGE[dtype]}\n#define {ld} SG_LD_{m}\n#define {st} {store}\n"
+    if t == "T":
+        real = "double" if dtype == F64 else "float"
+        head += f"#define CT {real}\n#define V {real}\n"
+    return head
 
 
 _BY_NAME = {name: dt for dt, name in SUFFIX.items()}
@@ -107,6 +115,11 @@ inline void sg_atomic_add_f16(__global half *p, long d, float v) {
 """
 
 
+def real_types(dt: str) -> str:
+    """The T/LD/ST/CT/V macros of a float32 or float64 program (a backend's own programs of one real dtype)."""
+    return _types(_dt(dt))
+
+
 def _src_ew(dev, name: str, dt: str) -> str:
     return codegen.elementwise_source(expressions.TABLE[name], dev.fp64, (_dt(dt),))
 
@@ -124,13 +137,14 @@ def _src_arg(dev, tin: str) -> str:
 
 def _src_gemm(dev, dt: str) -> str:
     d = _dt(dt)
-    return _types(d) + f"#define ACC {'float' if d in FLOATS else 'long'}\n" + _read("gemm.cl")
+    acc = "double" if d == F64 else "float" if d in FLOATS else "long"
+    return _types(d) + f"#define ACC {acc}\n" + _read("gemm.cl")
 
 
 def _src_scatter(dev, dt: str, idt: str) -> str:
     d = _dt(dt)
-    suffix = {F32: "f32", F16: "f16", I32_: "i32", I64_: "i64"}[d]
-    atomic = "" if d != I64_ or dev.int64_atomics else "#define SG_NO_ATOMIC\n"
+    suffix = {F32: "f32", F16: "f16", I32_: "i32", I64_: "i64", F64: "f64"}[d]
+    atomic = "" if (d != I64_ or dev.int64_atomics) and d != F64 else "#define SG_NO_ATOMIC\n"
     return (_ATOMICS + _types(d) + f"#define TNAME {suffix}\n#define TI {_STORAGE[_dt(idt)]}\n{atomic}"
             f"#define SG_ATOMIC_ADD(p, d, v) sg_atomic_add_{suffix}(p, d, v)\n" + _read("indexing.cl"))
 
@@ -172,7 +186,7 @@ SOURCES: dict[str, Callable] = {
 
 def program_names() -> list[str]:
     """Every program the shared table can ask a device for (a backend's compile check builds them all)."""
-    names = [f"ew:{e.name}:{SUFFIX[dt]}" for e in expressions.TABLE.values() for dt in e.dtypes if dt in SUFFIX]
+    names = [f"ew:{e.name}:{SUFFIX[dt]}" for e in expressions.TABLE.values() for dt in e.kernel_dtypes]
     names += [f"cast:{s}:{d}" for s in SUFFIX.values() for d in SUFFIX.values() if s != d]
     names += [f"mem:{op}:{size}" for op in ("fill", "copy", "where") for size in (1, 2, 4, 8)]
     names += [f"reduce:{s}:{d}" for s in SUFFIX.values() for d in SUFFIX.values()]
@@ -182,7 +196,7 @@ def program_names() -> list[str]:
     names += [f"index:{SUFFIX[i]}" for i in (I32_, I64_)]
     names += [f"gather:{size}:{SUFFIX[i]}" for size in (1, 2, 4, 8) for i in (I32_, I64_)]
     names += [f"pad:{size}" for size in (1, 2, 4, 8)]
-    names += [f"scatter:{SUFFIX[dt]}:{SUFFIX[i]}" for dt in (F32, F16, I32_, I64_) for i in (I32_, I64_)]
+    names += [f"scatter:{SUFFIX[dt]}:{SUFFIX[i]}" for dt in (F32, F16, I32_, I64_, F64) for i in (I32_, I64_)]
     return names
 
 
@@ -282,8 +296,10 @@ _BITS_FMT = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
 
 def _param_packer(dt: int) -> Callable:
     """Packs (alpha, beta) for kernels of input dtype dt: float for float data, else sg_acc (double with fp64)."""
-    if dt in FLOATS:
+    if dt in (F32, F16):
         return lambda dev, values: [PF32(v) for v in values]
+    if dt == F64:
+        return lambda dev, values: [PF64(v) for v in values]
     return lambda dev, values: [(PF64 if dev.fp64 else PF32)(v) for v in values]
 
 
@@ -292,7 +308,7 @@ def make_elementwise(backend: str) -> Callable[[expressions.Elementwise], Callab
     def make(entry: expressions.Elementwise) -> Callable:
         contig, strided = [None] * 8, [None] * 8
         nviews = entry.arity + 1
-        for dt in entry.dtypes:
+        for dt in entry.kernel_dtypes:
             contig[dt], strided[dt] = _launchers(f"ew:{entry.name}:{SUFFIX[dt]}", f"sg_ew_{entry.name}_{SUFFIX[dt]}",
                                                  nviews, _param_packer(dt))
         return kernel_table.elementwise_kernel(backend, entry, contig, strided, with_device=True, max_dims=MAXD,
@@ -573,14 +589,20 @@ def _float_views(name: str, views: tuple, x) -> None:
         raise _dtype_error(name, views, FLOATS)
 
 
-class _Vec:
-    """A per-channel vector as contiguous float32 (converted when it is float16); `done()` writes an output back."""
+def _vec_dtype(x) -> int:
+    """The dtype of batch normalisation's per-channel vectors (V in batchnorm.cl) for data x."""
+    return F64 if x.dtype == F64 else F32
 
-    def __init__(self, v, read: bool = True):
+
+class _Vec:
+    """A per-channel vector as contiguous `dtype` (V of batchnorm.cl: float32, or float64 for float64 data; converted
+    when it is another dtype); `done()` writes an output back."""
+
+    def __init__(self, v, dtype: int, read: bool = True):
         self.view = v
-        self.f = v if v.dtype == F32 and v.strides == _layout(v.shape)[0] else None
+        self.f = v if v.dtype == dtype and v.strides == _layout(v.shape)[0] else None
         if self.f is None:
-            self.f = _new(v.buffer.device, v.shape, F32)
+            self.f = _new(v.buffer.device, v.shape, dtype)
             if read:
                 _cast(self.f, v)
 
@@ -602,7 +624,7 @@ def _vec_args(*vecs) -> list:
     out = []
     for v in vecs:
         if v.f.offset:
-            moved = _new(v.f.buffer.device, v.f.shape, F32)
+            moved = _new(v.f.buffer.device, v.f.shape, v.f.dtype)
             _copy(moved, v.f)
             v.f = moved
         out.append(v.arg)
@@ -618,8 +640,9 @@ def _batchnorm_train(y, running_mean, running_var, saved_mean, saved_invstd, x, 
     dev = x.buffer.device
     if c == 0:
         return
-    sc, bi, rm, rv = _Vec(scale), _Vec(bias), _Vec(running_mean), _Vec(running_var)
-    sm, si = _Vec(saved_mean, read=False), _Vec(saved_invstd, read=False)
+    vt = _vec_dtype(x)
+    sc, bi, rm, rv = _Vec(scale, vt), _Vec(bias, vt), _Vec(running_mean, vt), _Vec(running_var, vt)
+    sm, si = _Vec(saved_mean, vt, read=False), _Vec(saved_invstd, vt, read=False)
     coef = dev.alloc(3 * c * _acc_size(dev, F32))
     kern = dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_stats")
     wg = dev.group_size(kern)
@@ -646,7 +669,7 @@ def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
     dev = x.buffer.device
     dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_infer"), total,
                (I64(total), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset),
-                *_vec_args(_Vec(scale), _Vec(bias), _Vec(mean), _Vec(var)), _acc(dev, eps)))
+                *_vec_args(*(_Vec(v, _vec_dtype(x)) for v in (scale, bias, mean, var))), _acc(dev, eps)))
 
 
 def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd) -> None:
@@ -659,8 +682,9 @@ def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invst
     if c == 0:
         return
     dev = x.buffer.device
-    sc, sm, si = _Vec(scale), _Vec(saved_mean), _Vec(saved_invstd)
-    ds, db = _Vec(dscale, read=False), _Vec(dbias, read=False)
+    vt = _vec_dtype(x)
+    sc, sm, si = _Vec(scale, vt), _Vec(saved_mean, vt), _Vec(saved_invstd, vt)
+    ds, db = _Vec(dscale, vt, read=False), _Vec(dbias, vt, read=False)
     coef = dev.alloc(3 * c * _acc_size(dev, F32))
     prog = f"bn:{SUFFIX[x.dtype]}"
     sc_a, sm_a, si_a, ds_a, db_a = _vec_args(sc, sm, si, ds, db)
@@ -832,7 +856,7 @@ SCATTER_ATOMIC_BELOW = 2048
 def _scatter_add(out, indices, updates, axis=0) -> None:
     views = (out, indices, updates)
     dev = out.buffer.device
-    if indices.dtype not in (I32_, I64_) or updates.dtype != out.dtype or out.dtype not in (F32, F16, I32_, I64_) \
+    if indices.dtype not in (I32_, I64_) or updates.dtype != out.dtype or out.dtype not in (F32, F16, I32_, I64_, F64) \
             or out.dtype not in dev.dtypes:
         raise _dtype_error("scatter_add", views, (I32_, I64_))
     indices, updates = _contiguous(indices), _contiguous(updates)
@@ -845,7 +869,8 @@ def _scatter_add(out, indices, updates, axis=0) -> None:
     args = (I64(outer), I64(length), I64(inner), I64(count), target.buffer.handle.arg, I64(target.offset),
             indices.buffer.handle.arg, I64(indices.offset), updates.buffer.handle.arg, I64(updates.offset))
     prog = f"scatter:{SUFFIX[out.dtype]}:{SUFFIX[indices.dtype]}"
-    atomic = outer * inner < SCATTER_ATOMIC_BELOW and count > 1 and (out.dtype != I64_ or dev.int64_atomics)
+    atomic = (outer * inner < SCATTER_ATOMIC_BELOW and count > 1 and (out.dtype != I64_ or dev.int64_atomics)
+              and out.dtype != F64)  # no float64 atomic add in the common subset
     if atomic:
         dev.launch(dev.kernel(prog, "sg_scatter_atomic"), outer * count * inner, args)
     else:
