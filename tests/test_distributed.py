@@ -57,13 +57,14 @@ if MPIEXEC is None:
     pytest.skip(why, allow_module_level=True)
 
 
-def launch(n: int, script: str, *args: str, env: dict | None = None, timeout: float = 600) -> tuple:
-    """(CompletedProcess, seconds) of `mpiexec -n n python script args` (root allowed, oversubscribed)."""
+def launch(n: int, script: str | Path, *args: str, env: dict | None = None, timeout: float = 600) -> tuple:
+    """(CompletedProcess, seconds) of `mpiexec -n n python script args` (root allowed, oversubscribed); a bare name
+    is a worker of tests/distributed/."""
     e = {k: v for k, v in os.environ.items() if k != "SINGA_DEVICE"}
     e.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "SINGA_NUM_THREADS": "1",
               "OMPI_MCA_rmaps_base_oversubscribe": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"})
     e.update(env or {})
-    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, str(HERE / script), *args]
+    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, str(HERE / script), *args]  # / keeps a Path
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout, check=False)
     return r, time.perf_counter() - t0
@@ -302,8 +303,9 @@ def test_control_run_finishes():
 def test_a_rank_that_raises_stops_every_rank():
     r, secs = launch(2, "fault_worker.py", "raise", timeout=FAULT_LIMIT)
     assert r.returncode != 0
+    # (Open MPI 4.1's own "MPI_ABORT was invoked on rank 1" is not always printed: its help-message relay sometimes
+    # fails with "ORTE_ERROR_LOG: Data unpack would read past end of buffer"; singa's line is written before aborting)
     assert "rank 1 of 2 stopped on an uncaught RuntimeError: rank 1 failed on purpose" in r.stderr
-    assert "MPI_ABORT was invoked on rank 1" in r.stderr
     assert "finished" not in r.stdout
 
 
@@ -336,6 +338,30 @@ def test_mismatched_parameters_are_named_at_the_first_step(scenario, message):
     assert r.returncode != 0
     assert "DistributedError: DistOpt: the ranks do not hold the same" in r.stderr
     assert message in r.stderr, r.stderr[-3000:]
+
+
+# -- the example -------------------------------------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "distributed" / "train_mnist.py"
+
+
+def test_example_trains_the_mnist_cnn_on_two_ranks(tmp_path):
+    pytest.importorskip("sklearn", reason="the example's digits ship with scikit-learn")
+    r, _ = launch(2, EXAMPLE, "--epochs", "2", "--out", str(tmp_path), "--min-accuracy", "0.85")
+    assert r.returncode == 0, r.stderr[-3000:]
+    epochs = [line for line in r.stdout.splitlines() if line.startswith("epoch ")]
+    assert [e.split()[1] for e in epochs] == ["1/2", "2/2"], r.stdout  # one line per epoch, from rank 0 only
+    assert "2 rank(s) x batch 32 on cpu:0, mode fp32, graph mode" in r.stdout
+    assert (tmp_path / "checkpoint.zip").is_file()
+
+
+@pytest.mark.parametrize("mode", ["fp16", "partial", "sparse-topk", "sparse-threshold"])
+def test_example_modes_run(tmp_path, mode):
+    pytest.importorskip("sklearn", reason="the example's digits ship with scikit-learn")
+    r, _ = launch(2, EXAMPLE, "--epochs", "1", "--max-steps", "4", "--mode", mode, "--spars", "0.05",
+                  "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len([line for line in r.stdout.splitlines() if line.startswith("epoch 1/1")]) == 1, r.stdout
 
 
 # -- in-process pieces (no MPI) ----------------------------------------------------------------------------------------

@@ -163,9 +163,10 @@ class _Watchdog:
         self._serial = 0
         self._thread: threading.Thread | None = None
 
-    def arm(self, what: str) -> int:
-        self._serial += 1
-        self._armed = (self._serial, time.monotonic() + self.timeout, what)
+    def arm(self, what: str, serial: int) -> int:
+        """Watch the call numbered `serial` (what it is, for the message)."""
+        self._serial = serial
+        self._armed = (serial, time.monotonic() + self.timeout, what)
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="singa-comm-watchdog", daemon=True)
             self._thread.start()
@@ -182,7 +183,7 @@ class _Watchdog:
             time.sleep(poll)
             armed = self._armed
             if armed is not None and time.monotonic() > armed[1] and self._armed is armed:
-                self._on_timeout(armed[2])
+                self._on_timeout(f"{armed[2]} (collective #{armed[0]})")
                 return
 
 
@@ -236,9 +237,18 @@ class Communicator:
         self._check("all_reduce", x)
         if x.dtype == dtypes.bool_:
             raise TypeError(f"{self.name} all_reduce: cannot sum a bool tensor (rank {self.rank})")
-        if numel(x.shape):
-            with self.guard("all_reduce"):
-                self._all_reduce(x)
+        if not numel(x.shape):
+            return
+        self.calls += 1  # guard(), inlined: this is the per-step hot path
+        dog = self._watchdog
+        if dog is None:
+            self._all_reduce(x)
+            return
+        serial = dog.arm("all_reduce", self.calls)
+        try:
+            self._all_reduce(x)
+        finally:
+            dog.disarm(serial)
 
     def broadcast(self, x, root: int = 0) -> None:
         """Overwrite `x` on every rank with rank `root`'s `x`."""
@@ -345,7 +355,7 @@ class Communicator:
         if dog is None:
             yield
             return
-        serial = dog.arm(f"{what} (collective #{self.calls} of rank {self.rank})")
+        serial = dog.arm(what, self.calls)
         try:
             yield
         finally:

@@ -20,6 +20,7 @@ mpiexec, which stops the others. Collectives are guarded by SINGA_COMM_TIMEOUT (
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -116,16 +117,30 @@ class MpiCommunicator(Communicator):
         self._MPI = MPI
         self.comm = MPI.COMM_WORLD.Dup()  # our traffic never matches a user's own messages
         self.zero_copy = bool(getattr(device, "host_memory", False))
-        self._types = {dtypes.float32: MPI.FLOAT, dtypes.float64: MPI.DOUBLE, dtypes.int32: MPI.INT32_T,
-                       dtypes.int64: MPI.INT64_T}
+        self._aliases: dict[tuple, tuple] = {}
 
     # -- host access to a view -----------------------------------------------------------------------------------
-    def _host(self, x) -> tuple[Any, np.ndarray | None]:
-        """(buffer MPI can use, the staged host copy or None when the view's memory itself is used)."""
+    def _host(self, x) -> tuple[np.ndarray, np.ndarray | None]:
+        """(a numpy array MPI can use, the staged host copy or None when it is the view's own memory)."""
         if self.zero_copy:
-            return self.device.host_buffer(x), None
+            return self._alias(x), None
         host = np.ascontiguousarray(self.device.read(x)).reshape(-1)
         return host, host
+
+    def _alias(self, x) -> np.ndarray:
+        """A 1-d numpy array over the view's own memory, cached per (buffer, offset, size, dtype): a training step
+        sends the same views every time, and mpi4py takes a numpy array fastest."""
+        buf = x.buffer
+        n = numel(x.shape)
+        key = (id(buf), x.offset, n, x.dtype)
+        hit = self._aliases.get(key)
+        if hit is not None and hit[0]() is buf:
+            return hit[1]
+        if len(self._aliases) > 1024:
+            self._aliases.clear()
+        arr = np.frombuffer(self.device.host_buffer(x), dtypes.to_numpy_dtype(x.dtype))
+        self._aliases[key] = (weakref.ref(buf), arr)
+        return arr
 
     def _done(self, x, staged: np.ndarray | None) -> None:
         if staged is not None:
@@ -136,21 +151,21 @@ class MpiCommunicator(Communicator):
         MPI = self._MPI
         buf, staged = self._host(x)
         if x.dtype == dtypes.float16:
-            self.comm.Allreduce(MPI.IN_PLACE, [buf, MPI.UINT16_T], op=_float16_sum())
+            self.comm.Allreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T], op=_float16_sum())
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, [buf, self._types[x.dtype]], op=MPI.SUM)
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
         self._done(x, staged)
 
     def _broadcast(self, x, root: int) -> None:
         buf, staged = self._host(x)
-        self.comm.Bcast([buf, self._MPI.BYTE], root=root)
+        self.comm.Bcast([buf.view(np.uint8), self._MPI.BYTE], root=root)
         self._done(x, staged)
 
     def _all_gather(self, out, x) -> None:
         MPI = self._MPI
         src, _ = self._host(x)
         dst, staged = self._host(out)
-        self.comm.Allgather([src, MPI.BYTE], [dst, MPI.BYTE])
+        self.comm.Allgather([src.view(np.uint8), MPI.BYTE], [dst.view(np.uint8), MPI.BYTE])
         self._done(out, staged)
 
     def barrier(self) -> None:
@@ -184,11 +199,11 @@ class MpiCommunicator(Communicator):
         n = numel(x.shape)
         npdt = dtypes.to_numpy_dtype(x.dtype)
         if self.zero_copy:
-            v = np.frombuffer(dev.host_buffer(x), npdt)
+            v = self._alias(x)
         else:
             v = dev.read(x).reshape(-1)
         if residual is not None:
-            r = np.frombuffer(dev.host_buffer(residual), npdt) if self.zero_copy else dev.read(residual).reshape(-1)
+            r = self._alias(residual) if self.zero_copy else dev.read(residual).reshape(-1)
             v = v + r
         idx = select_sparse(v, spars, topk)
         if residual is not None:
@@ -209,8 +224,7 @@ class MpiCommunicator(Communicator):
                                  [all_v.view(np.uint8), (counts * npdt.itemsize, displ * npdt.itemsize), MPI.BYTE])
         total = _accumulate(n, [(all_i[d:d + c], all_v[d:d + c]) for d, c in zip(displ, counts)], npdt)
         if self.zero_copy:
-            v_out = np.frombuffer(dev.host_buffer(x), npdt)
-            v_out[:] = total
+            self._alias(x)[:] = total
         else:
             dev.write(x, total.reshape(x.shape))
 
