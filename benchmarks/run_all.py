@@ -77,7 +77,7 @@ def splice(existing: str, tables: list[benchlib.Table], facts: list[tuple[str, s
     load = fact.get("load average (1, 5, 15 min) at start")
     when = (f"Measured on its own by `{command}` on {fact.get('date')}: CPU {fact.get('CPU')}, "
             f"{fact.get('cores usable by this process')} cores, load average {load} at start"
-            + (f". {busy}" if busy else "."))
+            + (f". {busy[0].upper()}{busy[1:]}" if busy else "."))
     text = existing.rstrip() + "\n"
     for t in tables:
         section = [f"## {t.title}", "", f"`python benchmarks/{t.script}`", "", t.markdown(), ""]
@@ -89,9 +89,9 @@ def splice(existing: str, tables: list[benchlib.Table], facts: list[tuple[str, s
         start = text.find(head)
         if start < 0:
             text = text.rstrip() + "\n\n" + body
-            continue
-        end = text.find("\n## ", start + len(head))
-        text = text[:start] + body + (text[end + 1:] if end >= 0 else "")
+        else:
+            end = text.find("\n## ", start + len(head))
+            text = text[:start] + body + ("\n" + text[end + 1:] if end >= 0 else "")
         line = f"python benchmarks/{t.script}\n"
         if line not in text:  # the how-to-reproduce block lists every script
             fence = text.find("```\n", text.find("## How to reproduce"))
