@@ -288,6 +288,16 @@ def test_collectives_against_numpy(tmp_path, world):
         assert f"{spec}: memory access declared" in mine
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_distopt_lower_level_calls(tmp_path, world):
+    """SINGA's all_reduce, fused_all_reduce(send=False/True), the half versions, sparsification with and without
+    accumulation, update (divides by the world size), wait, and the rank attributes against mpiexec's environment."""
+    r, _ = launch(world, "api_worker.py", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-6000:]
+    for rank in range(world):
+        assert len(json.loads((tmp_path / f"api_r{rank}.json").read_text())) == 11
+
+
 # -- faults ----------------------------------------------------------------------------------------------------------
 
 FAULT_LIMIT = 120  # seconds: far beyond a healthy run (about 3 s), far below "forever"

@@ -115,7 +115,8 @@ class MpiCommunicator(Communicator):
         super().__init__(device, world)
         MPI = _mpi()
         self._MPI = MPI
-        self.comm = MPI.COMM_WORLD.Dup()  # our traffic never matches a user's own messages
+        with self.guard("MPI_Comm_dup"):  # collective: a rank that never gets here must not hang the others
+            self.comm = MPI.COMM_WORLD.Dup()  # our traffic never matches a user's own messages
         self.zero_copy = bool(getattr(device, "host_memory", False))
         self._aliases: dict[tuple, tuple] = {}
 
@@ -177,7 +178,7 @@ class MpiCommunicator(Communicator):
             sys.stderr.write(f"singa: {message}\n")
             sys.stderr.flush()
         finally:
-            self.comm.Abort(1)
+            _abort_now(1)  # MPI_COMM_WORLD: every process of the job
 
     def all_gather_object(self, obj: Any) -> list:
         """Every rank's JSON value, in rank order (host messages only: no device memory is used)."""
