@@ -87,7 +87,11 @@ class NcclCommunicator(Communicator):
         self.synchronize()
 
     def synchronize(self) -> None:
-        """Wait for the queued collectives; an asynchronous NCCL error (a peer failed) raises NcclError."""
+        """Wait for the queued collectives; an asynchronous NCCL error (a peer failed) raises NcclError. Inside a
+        CUDA Graph capture of a replayed step (the CUDA backend's `capturing`) there is nothing to wait for yet: the
+        collectives are recorded into the graph, and the next synchronisation outside it waits."""
+        if getattr(self.device, "capturing", False):
+            return
         with self.guard("synchronize"):
             self.device.synchronize()
         err = ffi.new("ncclResult_t *")

@@ -313,6 +313,8 @@ class DistOpt:
             scale = 1.0 / self.world_size
 
             def average_next(*views: Any) -> None:
+                if getattr(c.device, "capturing", False):  # a device graph would replay one partition forever
+                    raise RuntimeError("partial update chooses its partition at run time: not capturable")
                 k = run.partial % len(layout)
                 run.partial = (k + 1) % len(layout)
                 fused, pos = layout[k]
