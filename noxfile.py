@@ -17,6 +17,10 @@ CORE = ROOT / "packages" / "singa-core"
 CPU = ROOT / "packages" / "singa-backend-cpu"
 OPENCL = ROOT / "packages" / "singa-backend-opencl"
 NCCL = ROOT / "packages" / "singa-comm-nccl"
+CUDA = ROOT / "packages" / "singa-backend-cuda"
+# What the CUDA backend's tests need without a GPU: NVRTC compiles every kernel for sm_80 and sm_90. cuBLAS and cuDNN
+# (hundreds of MB each) are left out; the backend loads them lazily and its device tests skip without a GPU.
+CUDA_TEST_REQUIREMENTS = ["nvidia-cuda-nvrtc>=13.0"]
 TEST_PLUGINS = ROOT / "tests" / "plugins"
 
 nox.needs_version = ">=2024.3.2"
@@ -95,6 +99,14 @@ def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with
     session.install("--no-build-isolation", *(str(p) for p in paths), *extra)
 
 
+def install_cuda_for_tests(session: nox.Session) -> None:
+    """The CUDA backend without its large runtime wheels (see CUDA_TEST_REQUIREMENTS)."""
+    for stale in (CUDA / "build").glob("lib*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    session.install("--no-build-isolation", "--no-deps", str(CUDA))
+    session.install(*CUDA_TEST_REQUIREMENTS)
+
+
 def _pytest(session: nox.Session, *args: str) -> bool:
     """One pytest run; False when it failed (the caller goes on, so that one log shows every failing group)."""
     # With -k or similar from the command line, a run may legitimately select nothing (pytest exit code 5).
@@ -115,6 +127,7 @@ def tests(session: nox.Session) -> None:
     # would skip, and a skip must never hide a failure in CI
     install_singa(session, PYTEST, MPI4PY, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib",
                   with_test_plugins=True, with_opencl=True, with_onnx=True, with_nccl=True)
+    install_cuda_for_tests(session)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
     failed = []

@@ -266,6 +266,12 @@ class Device:
     def Sync(self) -> None:  # SINGA spelling
         self.synchronize()
 
+    def capture(self, run: Callable[[], None]) -> Callable[[], None] | None:
+        """Record the device work that `run` launches into a graph the device replays in one call (CUDA Graphs),
+        and return that replay; `run` is called once to record and its work is *not* executed. None (this default)
+        when the device has no such facility: graph mode then replays the recorded kernels from Python."""
+        return None
+
     def memory_stats(self) -> dict[str, int]:
         return self.pool.stats()
 

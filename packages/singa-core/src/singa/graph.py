@@ -27,7 +27,9 @@ Replay. `Graph.run()` calls the recorded kernels on prebuilt views: no autograd,
 Random kernels get a fresh `device.next_rng_offset(n)` at each replay, reserved in program order, so a replayed
 step draws exactly what the eager step would have drawn. `sequential=True` keeps program order; otherwise calls are
 scheduled by their dependencies (read/write sets over buffers) with a greedy order that frees memory early; both
-orders compute the same values since every kernel is deterministic and sees the same inputs.
+orders compute the same values since every kernel is deterministic and sees the same inputs. A device that can
+record its own work (`Device.capture`: CUDA Graphs) records the first replay of a step without random kernels, and
+later replays are one launch of that device graph.
 
 Memory planning. Temporaries are placed at byte offsets of an arena so that two temporaries share bytes only when
 their live ranges (first to last call that touches them, in execution order) are disjoint: greedy by size, each
@@ -679,6 +681,10 @@ class Graph:
         self.num_temporaries = len(temp_bytes)
         self.num_in_place = len(root)
         self._build()
+        # a device graph (see Device.capture) bakes every kernel parameter in: steps that draw random numbers get
+        # fresh offsets at each replay, so they stay replayed from Python
+        self._device_replay = None
+        self._capturable = not self._random and os.environ.get("SINGA_GRAPH_CAPTURE", "").strip() != "0"
 
     def _view(self, spec: tuple | None) -> Any:
         if spec is None:
@@ -711,6 +717,10 @@ class Graph:
     def __len__(self) -> int:
         return len(self._exec)
 
+    def _replay(self) -> None:
+        for fn, args, kw in self._exec:
+            fn(*args, **kw)
+
     def run(self) -> None:
         """Replay the step."""
         dev = self.device
@@ -719,8 +729,13 @@ class Graph:
             kw["offset"] = dev.next_rng_offset(draws)
         prof = profiling.begin_iteration(dev)
         if prof is None:
-            for fn, args, kw in self._exec:
-                fn(*args, **kw)
+            if self._device_replay is None and self._capturable:
+                self._capturable = False  # one try: the device records the Python replay below into its own graph
+                self._device_replay = dev.capture(self._replay)
+            if self._device_replay is not None:
+                self._device_replay()
+            else:
+                self._replay()
             return
         sync = dev.synchronize
         clock = time.perf_counter_ns
