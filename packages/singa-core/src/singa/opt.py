@@ -41,7 +41,8 @@ from singa import graph, ops, tensor
 from singa.backend import Device
 from singa.tensor import Tensor
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam"]
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam",
+           "DistOpt"]
 
 _F16_MAX = 65504.0  # the largest finite float16
 
@@ -606,3 +607,7 @@ class Adam(Optimizer):
         bc1 = ops.unary("rsub_scalar", ops.unary("rpow_scalar", self._t(dev), alpha=self.beta_1), alpha=1.0)
         lr = self.lr.init_value if type(self.lr) is Constant else self.lr(self._step_f(dev))
         return ops.div(lr, bc1)
+
+
+# data-parallel training (singa.distopt): imported last, it builds on the optimizers above
+from singa.distopt import DistOpt  # noqa: E402
