@@ -99,6 +99,18 @@ def splice(existing: str, tables: list[benchlib.Table], facts: list[tuple[str, s
     return text.rstrip() + "\n"
 
 
+def kept_sections(existing: str) -> str:
+    """The sections of an existing report that this run cannot measure and keeps: the GPU section, written by
+    benchmarks/gpu_check.py on a GPU machine."""
+    import gpu_check
+
+    start = existing.find(gpu_check.SECTION)
+    if start < 0:
+        return ""
+    end = existing.find("\n## ", start + len(gpu_check.SECTION))
+    return "\n" + existing[start:end + 1 if end >= 0 else len(existing)].rstrip() + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run the SINGA benchmarks and write the performance report.")
     parser.add_argument("--output", type=Path, help="write the markdown report here (default: print it)")
@@ -137,6 +149,8 @@ def main() -> int:
         text = splice(args.output.read_text(), tables, facts, args.command, busy)
     else:
         text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0, busy)
+        if args.output and args.output.is_file():
+            text += kept_sections(args.output.read_text())
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
