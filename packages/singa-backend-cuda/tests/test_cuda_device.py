@@ -167,3 +167,50 @@ def test_graph_mode_step_is_one_cuda_graph(gpu, monkeypatch):
     python_replay, m2 = losses(True)
     assert m2._step_graph.graph._device_replay is None
     assert np.allclose(python_replay, graph, rtol=1e-6)
+
+
+def test_cudnn_rnn_trains_alike_in_eager_and_graph_mode(gpu):
+    from singa import autograd, layer, model, opt
+
+    class Net(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.rnn = layer.CudnnRNN(hidden_size=8, rnn_mode="lstm", num_layers=2, bidirectional=True,
+                                      batch_first=False, return_sequences=False)
+            self.fc = layer.Linear(3)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x))
+
+        def train_one_batch(self, x, y):
+            loss = autograd.softmax_cross_entropy(self.forward(x), y)
+            self.optimizer(loss)
+            return loss
+
+        def set_optimizer(self, optimizer):
+            self.optimizer = optimizer
+
+    from singa import rnn
+
+    assert gpu.rnn_operator(rnn.RNNSpec("lstm", 4, 8)) is not None
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((5, 6, 4)).astype(np.float32) for _ in range(4)]  # (T, B, F)
+    ys = [rng.integers(0, 3, 6).astype(np.int32) for _ in range(4)]
+
+    def losses(graph: bool):
+        gpu.set_rand_seed(0)
+        m = Net()
+        m.set_optimizer(opt.SGD(lr=0.1))
+        tx, ty = tensor.Tensor((5, 6, 4), gpu), tensor.Tensor((6,), gpu, tensor.int32)
+        m.compile([tx], is_train=True, use_graph=graph)
+        out = []
+        for x, y in zip(xs, ys):
+            tx.copy_from_numpy(x)
+            ty.copy_from_numpy(y)
+            out.append(float(tensor.to_numpy(m(tx, ty)).reshape(-1)[0]))
+        return out
+
+    eager, graph = losses(False), losses(True)
+    assert np.all(np.isfinite(eager))
+    assert eager[-1] < eager[0]
+    assert np.allclose(graph, eager, rtol=1e-5)

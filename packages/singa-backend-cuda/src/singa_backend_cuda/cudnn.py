@@ -15,6 +15,7 @@ workspace size; later calls only launch. Two rules pick among the measured algor
 
 from __future__ import annotations
 
+import math
 import os
 
 from cffi import FFI
@@ -69,6 +70,46 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle
     uint64_t x, cudnnTensorDescriptor_t dyDesc, uint64_t dy, cudnnConvolutionDescriptor_t convDesc,
     cudnnFilterDescriptor_t dwDesc, uint64_t dw, int requestedAlgoCount, int *returnedAlgoCount,
     cudnnAlgoPerf_t *perfResults, uint64_t workSpace, size_t workSpaceSizeInBytes);
+typedef struct cudnnRNNStruct *cudnnRNNDescriptor_t;
+typedef struct cudnnRNNDataStruct *cudnnRNNDataDescriptor_t;
+typedef struct cudnnDropoutStruct *cudnnDropoutDescriptor_t;
+cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t desc, int dataType, int nbDims, const int dimA[],
+                                         const int strideA[]);
+cudnnStatus_t cudnnCreateDropoutDescriptor(cudnnDropoutDescriptor_t *desc);
+cudnnStatus_t cudnnDestroyDropoutDescriptor(cudnnDropoutDescriptor_t desc);
+cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t desc, cudnnHandle_t handle, float dropout,
+                                        void *states, size_t stateSizeInBytes, unsigned long long seed);
+cudnnStatus_t cudnnCreateRNNDescriptor(cudnnRNNDescriptor_t *desc);
+cudnnStatus_t cudnnDestroyRNNDescriptor(cudnnRNNDescriptor_t desc);
+cudnnStatus_t cudnnSetRNNDescriptor_v8(cudnnRNNDescriptor_t desc, int algo, int cellMode, int biasMode, int dirMode,
+    int inputMode, int dataType, int mathPrec, int mathType, int32_t inputSize, int32_t hiddenSize, int32_t projSize,
+    int32_t numLayers, cudnnDropoutDescriptor_t dropoutDesc, uint32_t auxFlags);
+cudnnStatus_t cudnnCreateRNNDataDescriptor(cudnnRNNDataDescriptor_t *desc);
+cudnnStatus_t cudnnDestroyRNNDataDescriptor(cudnnRNNDataDescriptor_t desc);
+cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t desc, int dataType, int layout, int maxSeqLength,
+                                        int batchSize, int vectorSize, const int seqLengthArray[], void *paddingFill);
+cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, size_t *weightSpaceSize);
+cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, int fwdMode,
+                                        cudnnRNNDataDescriptor_t xDesc, size_t *workSpaceSize,
+                                        size_t *reserveSpaceSize);
+cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, int32_t pseudoLayer,
+    size_t weightSpaceSize, uint64_t weightSpace, int32_t linLayerID, cudnnTensorDescriptor_t mDesc, void **mAddr,
+    cudnnTensorDescriptor_t bDesc, void **bAddr);
+cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, int fwdMode, uint64_t devSeqLengths,
+    cudnnRNNDataDescriptor_t xDesc, uint64_t x, cudnnRNNDataDescriptor_t yDesc, uint64_t y,
+    cudnnTensorDescriptor_t hDesc, uint64_t hx, uint64_t hy, cudnnTensorDescriptor_t cDesc, uint64_t cx, uint64_t cy,
+    size_t weightSpaceSize, uint64_t weightSpace, size_t workSpaceSize, uint64_t workSpace, size_t reserveSpaceSize,
+    uint64_t reserveSpace);
+cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, uint64_t devSeqLengths,
+    cudnnRNNDataDescriptor_t yDesc, uint64_t y, uint64_t dy, cudnnRNNDataDescriptor_t xDesc, uint64_t dx,
+    cudnnTensorDescriptor_t hDesc, uint64_t hx, uint64_t dhy, uint64_t dhx, cudnnTensorDescriptor_t cDesc,
+    uint64_t cx, uint64_t dcy, uint64_t dcx, size_t weightSpaceSize, uint64_t weightSpace, size_t workSpaceSize,
+    uint64_t workSpace, size_t reserveSpaceSize, uint64_t reserveSpace);
+cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, int addGrad,
+    uint64_t devSeqLengths, cudnnRNNDataDescriptor_t xDesc, uint64_t x, cudnnTensorDescriptor_t hDesc, uint64_t hx,
+    cudnnRNNDataDescriptor_t yDesc, uint64_t y, size_t weightSpaceSize, uint64_t dweightSpace, size_t workSpaceSize,
+    uint64_t workSpace, size_t reserveSpaceSize, uint64_t reserveSpace);
+
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha, cudnnTensorDescriptor_t xDesc,
     uint64_t x, cudnnTensorDescriptor_t dyDesc, uint64_t dy, cudnnConvolutionDescriptor_t convDesc, int algo,
     uint64_t workSpace, size_t workSpaceSizeInBytes, const void *beta, cudnnFilterDescriptor_t dwDesc, uint64_t dw);
@@ -137,6 +178,16 @@ def _filter(dtype: int, k: int, c: int, h: int, w: int):
     check(get().cudnnSetFilter4dDescriptor(d[0], dtype, NCHW, k, c, h, w), f"cudnnSetFilter4dDescriptor({k}, {c}, "
                                                                            f"{h}, {w})")
     return ffi.gc(d[0], get().cudnnDestroyFilterDescriptor)
+
+
+def _nd_tensor(dtype: int, dims: tuple):
+    """A fully packed N-d tensor descriptor (N >= 3)."""
+    d = ffi.new("cudnnTensorDescriptor_t *")
+    check(get().cudnnCreateTensorDescriptor(d), "cudnnCreateTensorDescriptor")
+    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    check(get().cudnnSetTensorNdDescriptor(d[0], dtype, len(dims), ffi.new("int[]", list(dims)),
+                                           ffi.new("int[]", strides)), f"cudnnSetTensorNdDescriptor({dims})")
+    return ffi.gc(d[0], get().cudnnDestroyTensorDescriptor)
 
 
 class Plan:

@@ -115,6 +115,7 @@ class CudaDevice(Device):
         self._blas = None
         self._dnn = None
         self._conv_plans: dict[tuple, cudnn.Plan] = {}
+        self._rnn_plans: dict[tuple, object] = {}
         self._workspace: Buffer | None = None
         # stream capture (see `capture`)
         self.capturing = False
@@ -409,6 +410,26 @@ class CudaDevice(Device):
             return plan, False
         plan = self._conv_plans[key] = make()
         return plan, True
+
+    def rnn_operator(self, spec, seq_lengths=None):
+        """cuDNN's RNN for `spec` (see singa_backend_cuda.rnn), or None for the generic one: with dropout while
+        training (cuDNN's draws are not ours), or when SINGA_CUDNN_RNN=0."""
+        from singa import autograd
+        from singa_backend_cuda.rnn import CudnnRNN
+
+        if os.environ.get("SINGA_CUDNN_RNN", "").strip() == "0" or (spec.dropout > 0 and autograd.training):
+            return None
+        return CudnnRNN(self, spec, seq_lengths)
+
+    def rnn_plan(self, spec, dtype: int, T: int, B: int, lengths: tuple):
+        """The cuDNN descriptors of one RNN shape, made once."""
+        from singa_backend_cuda.rnn import Plan
+
+        key = (spec, dtype, T, B, lengths)
+        plan = self._rnn_plans.get(key)
+        if plan is None:
+            plan = self._rnn_plans[key] = Plan(self, spec, dtype, T, B, lengths)
+        return plan
 
     def find_limit(self) -> int:
         """Bytes of workspace an algorithm search may use: a quarter of the free memory, at most 1 GiB."""
