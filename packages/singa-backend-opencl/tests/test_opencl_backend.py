@@ -262,11 +262,21 @@ def test_float16_off_gives_a_clear_error(ocl, monkeypatch):
         tensor.Tensor((2, 3), dev, tensor.float16)
 
 
-def test_float64_is_refused_clearly(ocl):
-    x = View(ocl.alloc(64), dtypes.float64, (8,))
+def test_float64_where_the_device_has_it_and_refused_clearly_where_not(ocl, monkeypatch):
+    from singa_backend_opencl.device import OpenclDevice
+
+    x = np.linspace(-2, 2, 8)
+    if ocl.fp64:  # PoCL has cl_khr_fp64: float64 is computed in double
+        assert dtypes.float64 in ocl.dtypes
+        out = H.empty(ocl, (8,), dtypes.float64)
+        ocl.table["exp"](out, H.upload(ocl, x, dtypes.float64))
+        np.testing.assert_allclose(H.download(ocl, out), np.exp(x), rtol=1e-14)
+    monkeypatch.setenv("SINGA_OPENCL_FP64", "0")
+    off = OpenclDevice(0, ocl.info)
+    assert dtypes.float64 not in off.dtypes
     with pytest.raises(TypeError, match="float64") as err:
-        ocl.table["exp"](View(ocl.alloc(64), dtypes.float64, (8,)), x)
-    assert ocl.name in str(err.value)
+        off.table["exp"](View(off.alloc(64), dtypes.float64, (8,)), View(off.alloc(64), dtypes.float64, (8,)))
+    assert off.name in str(err.value)
 
 
 # -- strategies the conformance shapes do not all reach ----------------------------------------------------------------

@@ -77,26 +77,3 @@ inline float as_float(uint u) { return __uint_as_float(u); }
 #define SG_INT64_ATOMICS 1
 typedef double sg_acc;
 
-#define SG_MAXD 8 /* dimensions of a strided walk; the table splits longer layouts */
-
-/* a strided element-wise layout: the shape, then each operand's strides in elements (operand 0 is the output) */
-typedef struct {
-    long nd;
-    long shape[SG_MAXD];
-    long st[4][SG_MAXD];
-} sg_dims;
-
-/* element access by dtype: float16 through the conversions above, bool as uchar 0/1 */
-#define SG_LD_F32(p, i) ((p)[i])
-#define SG_ST_F32(p, i, v) ((p)[i] = (float)(v))
-#define SG_LD_F16(p, i) vload_half((i), (p))
-#define SG_ST_F16(p, i, v) vstore_half_rte((float)(v), (i), (p))
-#define SG_ST_F16_ACC(p, i, v) vstore_half_rte((sg_acc)(v), (i), (p))
-#define SG_LD_F64(p, i) ((p)[i])
-#define SG_ST_F64(p, i, v) ((p)[i] = (double)(v))
-#define SG_LD_I32(p, i) ((p)[i])
-#define SG_ST_I32(p, i, v) ((p)[i] = (int)(v))
-#define SG_LD_I64(p, i) ((p)[i])
-#define SG_ST_I64(p, i, v) ((p)[i] = (long)(v))
-#define SG_LD_BOOL(p, i) ((int)((p)[i] != 0))
-#define SG_ST_BOOL(p, i, v) ((p)[i] = (uchar)((v) != 0))

@@ -4,7 +4,7 @@ For every (table entry, dtype) it emits two kernels, one work-item per output el
 
     sg_ew_<name>_<dtype>_c(n, out, out_off, in, in_off, ...)         every operand contiguous
     sg_ew_<name>_<dtype>_s(n, dims, out, out_off, in, in_off, ...)   any strides (0 = broadcast): `dims` is an sg_dims
-                                                                      (kernels/common.cl) passed by value
+                                                                      (singa/gpu/kernels/dtypes.cl) passed by value
 
 Kernels of entries that take parameters (every unary one; binary ones with `params`) take (alpha, beta)
 last. The entry's C expression is pasted as it is: its variables `x`, `a`, `b`,
@@ -28,7 +28,7 @@ class CLType:
     suffix: str  # dtype name in kernel names
     storage: str  # OpenCL C type of an element in memory
     compute: str  # type the expression computes in
-    macro: str  # SG_LD_<macro> / SG_ST_<macro> of common.cl
+    macro: str  # SG_LD_<macro> / SG_ST_<macro> of singa/gpu/kernels/dtypes.cl
 
     def load(self, ptr: str, idx: str) -> str:
         return f"SG_LD_{self.macro}({ptr}, {idx})"

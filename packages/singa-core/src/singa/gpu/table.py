@@ -201,11 +201,11 @@ def program_names() -> list[str]:
 
 
 def source_of(program: str, dev, sources: dict | None = None) -> str:
-    """The source (without the device's prelude) of a program such as 'ew:add:float32' or 'pool:float16';
-    `sources` are a backend's own program kinds, looked up first."""
+    """The source (without the device's prelude, with kernels/dtypes.cl) of a program such as 'ew:add:float32' or
+    'pool:float16'; `sources` are a backend's own program kinds, looked up first."""
     kind, *parts = program.split(":")
     fn = (sources or {}).get(kind) or SOURCES[kind]
-    return fn(dev, *parts)
+    return _read("dtypes.cl") + "\n" + fn(dev, *parts)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
