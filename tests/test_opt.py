@@ -422,3 +422,173 @@ def test_backward_and_update_is_call(dev):
         autograd.training = prev
     assert not np.allclose(w.to_numpy(), 1.0)
     assert int(ops.to_numpy(o.step_counter)[0]) == 1
+
+
+# -- SINGA's object API (the reference's "Object-level API": attributes, their types, state keys) ------------------
+
+
+def _value(t):
+    assert isinstance(t, Tensor)
+    assert t.shape == (1,)
+    assert t.dtype == tensor.float32
+    return float(t.to_numpy()[0])
+
+
+@pytest.mark.parametrize(("make", "values"), [
+    (lambda: opt.SGD(0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+     {"lr_value": 0.1, "mom_value": 0.9, "dam_value": 0.1, "decay_value": 0.01}),
+    (lambda: opt.RMSProp(0.2, rho=0.8, epsilon=1e-6, weight_decay=0.05),
+     {"lr_value": 0.2, "rho_value": 0.8, "epsilon_value": 1e-6, "decay_value": 0.05}),
+    (lambda: opt.AdaGrad(0.3, epsilon=1e-7, weight_decay=0.02),
+     {"lr_value": 0.3, "epsilon_value": 1e-7, "decay_value": 0.02}),
+    (lambda: opt.Adam(0.4, beta_1=0.8, beta_2=0.99, epsilon=1e-5, weight_decay=0.03),
+     {"lr_value": 0.4, "beta_1_value": 0.8, "beta_2_value": 0.99, "epsilon_value": 1e-5, "decay_value": 0.03}),
+], ids=["sgd", "rmsprop", "adagrad", "adam"])
+def test_singa_attributes_exist_before_any_parameter(make, values):
+    o = make()
+    assert isinstance(o.lr, opt.DecayScheduler)
+    assert type(o.lr) is opt.Constant  # a float becomes Constant(lr)
+    assert _value(o.step_counter) == 0.0
+    for name, want in values.items():
+        assert _value(getattr(o, name)) == pytest.approx(want, rel=1e-6), name
+    o.step()  # usable with no parameter at all: the counter advances, nothing else happens
+    o.step()
+    assert _value(o.step_counter) == 2.0
+    assert o.get_states()["step_counter"] == 2.0
+    for sched in ("momentum", "dampening", "weight_decay", "rho", "epsilon", "beta_1", "beta_2"):
+        if hasattr(o, sched):
+            assert isinstance(getattr(o, sched), opt.DecayScheduler), sched
+
+
+def test_wrong_learning_rate_type():
+    with pytest.raises(TypeError, match="Wrong learning rate type"):
+        opt.SGD(lr="0.1")
+    with pytest.raises(TypeError, match="Wrong momentum type"):
+        opt.SGD(0.1, momentum=[0.9])
+
+
+def test_values_follow_step_and_set_states(dev):
+    sched = opt.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5)
+    o = opt.SGD(sched, momentum=opt.ExponentialDecay(0.9, 1, 0.9))
+    for k in range(1, 4):
+        o.step()
+        assert _value(o.step_counter) == k
+        assert _value(o.lr_value) == pytest.approx(0.1 * 0.5 ** (k / 2), rel=1e-6)
+        assert _value(o.mom_value) == pytest.approx(0.9 * 0.9 ** k, rel=1e-6)
+        assert _value(o.dam_value) == 0.0
+    o.set_states({"step_counter": 8.0})
+    assert _value(o.lr_value) == pytest.approx(0.1 * 0.5 ** 4, rel=1e-6)  # recomputed from the restored counter
+    o.momentum = 0.5  # a number assigned later is a Constant too
+    assert type(o.momentum) is opt.Constant
+    assert _value(o.mom_value) == 0.5
+
+
+def test_optimizer_used_without_parameters_says_so(dev):
+    o = opt.SGD(0.1, momentum=0.9)
+    g = tensor.from_numpy(np.ones(2, np.float32), dev)
+    with pytest.raises(TypeError, match=r"NoneType.*first call"):
+        o.update(None, g)
+    with pytest.raises(TypeError, match="first call"):
+        o.apply("linear.W", None, None)
+    assert o.get_states() == {"step_counter": 0.0}
+
+
+@pytest.mark.parametrize(("make", "groups"), [
+    (lambda: opt.SGD(0.1, momentum=0.9), ("moments",)), (lambda: opt.RMSProp(0.01), ("running_average",)),
+    (lambda: opt.AdaGrad(0.1), ("history",)), (lambda: opt.Adam(0.01), ("m", "v")),
+], ids=["sgd", "rmsprop", "adagrad", "adam"])
+def test_state_dicts_keyed_by_parameter_name(dev, make, groups):
+    o = make()
+    ps = {n: tensor.from_numpy(np.full(3, i + 1.0, np.float32), dev) for i, n in enumerate(("fc.W", "fc.b"))}
+    for n, p in ps.items():
+        p.name = n
+    for _ in range(2):
+        for p in ps.values():
+            o.update(p, tensor.from_numpy(np.full(3, 0.5, np.float32), dev))
+        o.step()
+    states = o.get_states()
+    assert set(states) == {"step_counter", *groups}  # SINGA's keys
+    assert states["step_counter"] == 2.0
+    for group in groups:
+        view = getattr(o, group)  # SINGA's attribute: {parameter name: state tensor}
+        assert sorted(view) == ["fc.W", "fc.b"]
+        assert sorted(states[group]) == ["fc.W", "fc.b"]
+        for n in view:
+            np.testing.assert_array_equal(states[group][n].to_numpy(), view[n].to_numpy())
+        live = view["fc.W"]
+        view["fc.W"] = np.full(3, 7.0, np.float32)  # written into the live state, in place
+        np.testing.assert_array_equal(live.to_numpy(), np.full(3, 7.0))
+    o2 = make()
+    o2.set_states(states)  # before o2 has seen the parameters: kept, and reported, until their first update
+    pending = o2.get_states()
+    for group in groups:
+        for n in ("fc.W", "fc.b"):
+            np.testing.assert_array_equal(pending[group][n].to_numpy(), states[group][n].to_numpy())
+
+
+def _sgd_scheduled_momentum_ref(params, grads, lr, moms):
+    ps = [p.astype(np.float64) for p in params]
+    bufs = [None] * len(ps)
+    for t, gs in enumerate(grads):
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64)
+            bufs[i] = g.copy() if bufs[i] is None else moms[t] * bufs[i] + g
+            ps[i] = ps[i] - lr * bufs[i]
+    return ps
+
+
+def test_scheduled_momentum_matches_numpy(dev):
+    params, grads = _data(13)
+    sched = opt.ExponentialDecay(0.9, decay_steps=1, decay_rate=0.8)
+    got = _run_singa(opt.SGD(0.05, momentum=sched), params, grads, dev)
+    _close(got, _sgd_scheduled_momentum_ref(params, grads, 0.05, [sched(t) for t in range(STEPS)]))
+
+
+def test_scheduled_rho_and_betas_match_numpy(dev):
+    params, grads = _data(14)
+    rho = opt.ExponentialDecay(0.9, decay_steps=2, decay_rate=0.9)
+    got = _run_singa(opt.RMSProp(0.01, rho=rho), params, grads, dev)
+    ps = [p.astype(np.float64) for p in params]
+    sq = [np.zeros_like(p) for p in ps]
+    for t, gs in enumerate(grads):
+        r = rho(t)
+        for i, g in enumerate(gs):
+            sq[i] = r * sq[i] + (1 - r) * g.astype(np.float64) ** 2
+            ps[i] = ps[i] - 0.01 * g / (np.sqrt(sq[i]) + 1e-8)
+    _close(got, ps)
+    b1 = opt.ExponentialDecay(0.9, decay_steps=3, decay_rate=0.95)
+    got = _run_singa(opt.Adam(0.01, beta_1=b1), params, grads, dev)
+    ps = [p.astype(np.float64) for p in params]
+    m = [np.zeros_like(p) for p in ps]
+    v = [np.zeros_like(p) for p in ps]
+    for t, gs in enumerate(grads, start=1):
+        beta = b1(t - 1)  # the value at the completed step count, as the device computes it
+        for i, g in enumerate(gs):
+            m[i] = beta * m[i] + (1 - beta) * g
+            v[i] = 0.999 * v[i] + 0.001 * g.astype(np.float64) ** 2
+            ps[i] = ps[i] - 0.01 * (m[i] / (1 - beta ** t)) / (np.sqrt(v[i] / (1 - 0.999 ** t)) + 1e-8)
+    _close(got, ps)
+
+
+def test_replayed_steps_follow_scheduled_values(dev):
+    """step() recomputes lr_value, mom_value ... on the device: a recorded step replays the schedules."""
+    lr = opt.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    mom = opt.ExponentialDecay(0.9, decay_steps=1, decay_rate=0.5)
+    o = opt.SGD(lr, momentum=mom)
+    p = tensor.from_numpy(np.zeros(3, np.float32), dev)
+    g = tensor.from_numpy(np.ones(3, np.float32), dev)
+    o.update(p, g)  # the first step creates the momentum buffer (set-up, outside the recording)
+    o.step()
+    with graph.Recorder(dev) as rec:
+        o.update(p, g)
+        o.step()
+    gr = rec.finish()
+    for _ in range(3):
+        gr.run()
+    want, buf = 0.0, None
+    for t in range(5):
+        buf = 1.0 if buf is None else mom(t) * buf + 1.0
+        want -= lr(t) * buf
+    np.testing.assert_allclose(p.to_numpy(), want, rtol=1e-6)
+    assert o.step_counter.to_numpy()[0] == 5
+    assert o.lr_value.to_numpy()[0] == pytest.approx(lr(5), rel=1e-6)
