@@ -81,10 +81,13 @@ class LayerMeta(type):
     def forward_wrapper(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(self: Layer, *args: Any, **kwargs: Any) -> Any:
-            if not self.__dict__.get("_initialized", False):
-                self.initialize(*args, **kwargs)
-                self.__dict__["_initialized"] = True
-            return func(self, *args, **kwargs)
+            try:
+                if not self.__dict__.get("_initialized", False):
+                    self.initialize(*args, **kwargs)
+                    self.__dict__["_initialized"] = True
+                return func(self, *args, **kwargs)
+            except (ValueError, TypeError, IndexError) as exc:  # invalid input: also SINGA's AssertionError
+                raise autograd._compat_error(exc) from None
 
         wrapper.__wrapped_by_layermeta__ = True
         return wrapper
@@ -350,6 +353,13 @@ def _pads_for(mode: str, explicit: tuple[int, int, int, int], x: Tensor, kernel:
     if mode == "VALID":
         return (0, 0, 0, 0)
     return _same_pads(mode, x.shape[2:4], kernel, stride, dilation)
+
+
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Whether `shape` broadcasts to `to` (numpy's rule)."""
+    if len(shape) > len(to):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
 
 
 def _as_steps(out: Any) -> list[Tensor]:
@@ -846,6 +856,8 @@ class RNN_Base(Layer):
             raise TypeError(f"{type(self).__name__}: {what} must be a Tensor or None, got {type(s).__name__}")
         if s.shape == (batch, H) and n == 1:
             return [s], 2
+        if n == 1 and len(s.shape) <= 2 and _broadcasts(s.shape, (batch, H)):
+            return [autograd.expand(s, (batch, H))], 2  # SINGA's states broadcast like any operand: (batch, 1) ...
         if s.shape != (n, batch, H):
             raise ValueError(f"{type(self).__name__}: {what} must have shape {(n, batch, H)}"
                              + (f" or {(batch, H)}" if n == 1 else "") + f", got {s.shape}")
