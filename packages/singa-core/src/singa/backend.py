@@ -368,6 +368,13 @@ class Device:
 
         return [n for n in primitives.names() if n not in self.kernels]
 
+    # -- fused operators a backend may provide ----------------------------------------------------------------------
+    def rnn_operator(self, spec: Any, seq_lengths: Any = None) -> Any:
+        """A fused RNN (cuDNN's, say) for `spec` (a singa.rnn.RNNSpec): an autograd Operator computing what
+        singa.rnn.forward computes (see that module for its call and weight layout), or None for that generic path,
+        which is what the base class gives."""
+        return None
+
     # -- random numbers -------------------------------------------------------------------------------------------
     def set_rand_seed(self, seed: int) -> None:
         """Seed the device's counter-based generator (see primitives: random_*)."""
