@@ -441,3 +441,51 @@ def test_a_backends_fused_rnn_is_used_and_checked(monkeypatch, training):
     monkeypatch.setattr(DEV, "rnn_operator", lambda s, seq_lengths=None: _FakeFused(s, seq_lengths, 1.01))
     with pytest.raises(AssertionError, match="Not equal to tolerance"):
         test_fused.test_fused_rnn_matches_the_generic_one(DEV, spec, False)
+
+
+# -- backward twice: SINGA's GAN example back-propagates a loss itself, then calls the optimizer on the same loss -----
+
+
+class _Gan(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.gen_fc = layer.Linear(6)
+        self.gen_act = layer.Sigmoid()
+        self.dis_fc = layer.Linear(1)
+        self.dis_act = layer.Sigmoid()
+        self.bce = layer.BinaryCrossEntropy()
+
+    def forward(self, x):
+        return self.dis_act(self.dis_fc(self.gen_act(self.gen_fc(x))))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.bce(out, y)
+        first = {}
+        for p, g in autograd.backward(loss):  # only the generator's parameters, by name
+            first[p.name] = g.to_numpy().copy()
+            if "gen" in p.name:
+                self.optimizer.apply(p.name, p, g)
+        self.optimizer(loss)  # the second backward over the same graph
+        return out, loss, first
+
+
+def test_backward_then_optimizer_on_the_same_loss():
+    DEV.SetRandSeed(9)
+    x = T(RNG.standard_normal((4, 3)).astype(np.float32))
+    y = T(np.array([[1.0], [0.0], [1.0], [0.0]], np.float32))
+    m = _Gan()
+    m.optimizer = opt.SGD(0.5)
+    m.compile([x], is_train=True)
+    before = {k: v.to_numpy().copy() for k, v in m.get_params().items()}
+    out, loss, first = m(x, y)
+    assert sorted(first) == sorted(before)
+    after = {k: v.to_numpy() for k, v in m.get_params().items()}
+    # the discriminator's output layer: updated once by opt(loss) with the same gradient as the first backward
+    # (its gradient does not depend on the generator's weights, which apply() changed in between)
+    for k in ("dis_fc.W", "dis_fc.b"):
+        np.testing.assert_allclose(after[k], before[k] - 0.5 * first[k], rtol=1e-5, atol=1e-6)
+    for k in ("gen_fc.W", "gen_fc.b"):  # the generator: updated twice, both times with the same gradient (what
+        # reaches it flows through the discriminator, which apply() left alone)
+        np.testing.assert_allclose(after[k], before[k] - 2 * 0.5 * first[k], rtol=1e-5, atol=1e-6)
+    assert m.optimizer.step_counter.to_numpy()[0] == 1

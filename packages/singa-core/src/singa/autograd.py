@@ -240,7 +240,7 @@ class Operator:
         d = self.__dict__
         if "_init_keys" not in d:
             # attributes set by __init__ (constructor arguments) survive _release; forward's saved tensors do not
-            d["_init_keys"] = frozenset(d) | {"_init_keys"}
+            d["_init_keys"] = frozenset(d) | _BOOKKEEPING
         record = training  # keep what backward needs (the topology is recorded either way)
         d.pop("_released", None)  # an instance may be called again (layers keep theirs)
         d["_no_grad"] = not record
@@ -311,9 +311,16 @@ def _holds_tensor(v: Any) -> bool:
     return False
 
 
+# what _do_forward records about every call (never a tensor saved for backward)
+_BOOKKEEPING = frozenset({"_init_keys", "_released", "_no_grad", "_req", "src", "_src_meta", "y_id2idx", "_y_meta",
+                          "requires_grad", "name"})
+
+
 def _saved_ids(op: Operator) -> set:
     out = set()
-    for v in op.__dict__.values():
+    for k, v in op.__dict__.items():
+        if k in _BOOKKEEPING:
+            continue
         if isinstance(v, Tensor):
             out.add(id(v))
         elif isinstance(v, (tuple, list)):

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from singa import autograd
+from singa import autograd, rnn
 from singa import dtypes as _dt
 from singa.tensor import Tensor
 
@@ -1052,8 +1052,6 @@ class CudnnRNN(Layer):
         mode = str(rnn_mode).lower()
         if mode in ("vanilla", "rnn", "rnn_tanh", "rnn_relu"):
             mode = "relu" if mode == "rnn_relu" else ("tanh" if mode == "rnn_tanh" else str(activation).lower())
-        from singa import rnn
-
         if mode not in rnn.MODES:
             raise ValueError(f"CudnnRNN: rnn_mode must be 'lstm', 'gru', 'tanh' or 'relu' (or 'vanilla' with "
                              f"activation tanh or relu), got {rnn_mode!r} (activation {activation!r})")
@@ -1071,8 +1069,6 @@ class CudnnRNN(Layer):
 
     def initialize(self, x: Tensor, hx: Tensor | None = None, cx: Tensor | None = None,
                    seq_lengths: Any = None) -> None:
-        from singa import rnn
-
         if not isinstance(x, Tensor) or len(x.shape) != 3:
             raise ValueError(f"CudnnRNN: expects a 3-D input Tensor, got "
                              f"{x.shape if isinstance(x, Tensor) else type(x).__name__}")
@@ -1083,8 +1079,6 @@ class CudnnRNN(Layer):
 
     def forward(self, x: Tensor, hx: Tensor | None = None, cx: Tensor | None = None,
                 seq_lengths: Any = None) -> Tensor:
-        from singa import rnn
-
         spec = self.spec
         if x.shape[2] != spec.input_size:
             raise ValueError(f"CudnnRNN: input has {x.shape[2]} features, the layer was built for {spec.input_size}")

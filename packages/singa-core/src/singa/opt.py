@@ -237,15 +237,15 @@ class Optimizer:
     def __setattr__(self, name: str, value: Any) -> None:
         # a hyper-parameter stays a DecayScheduler (`opt.momentum = 0.5` becomes Constant(0.5)); its value tensor,
         # once it exists, is recomputed in place
-        values = dict(type(self)._values)
-        if name in values:
-            value = _scheduler(type(self).__name__, name, value)
-            object.__setattr__(self, name, value)
-            v = self.__dict__.get(values[name])
-            if v is not None:
-                ops.assign(v, self._evaluate(value))
-                self._scalars.clear()
-            return
+        for sched, value_name in type(self)._values:
+            if name == sched:
+                value = _scheduler(type(self).__name__, name, value)
+                object.__setattr__(self, name, value)
+                v = self.__dict__.get(value_name)
+                if v is not None:
+                    ops.assign(v, self._evaluate(value))
+                    self._scalars.clear()
+                return
         object.__setattr__(self, name, value)
 
     def _init_values(self) -> None:
