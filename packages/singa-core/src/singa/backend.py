@@ -188,6 +188,7 @@ class Device:
     kernels: dict[str, Callable] = {}
     # dtypes its kernels compute; a device adds dtypes.float64 only if every kernel it has (or the fallback) handles it
     dtypes: ClassVar[tuple] = dtypes.ALL
+    _graph: Any = None  # singa.device_graph.DeviceGraph, made by the first graph call
 
     def __init__(self, id: int = 0):
         self.id = id
@@ -196,7 +197,6 @@ class Device:
         self.rng_offset = 0
         self.verbosity = 0
         self._table = None
-        self._graph = None  # singa.device_graph.DeviceGraph, made by the first graph call
 
     # -- identity -------------------------------------------------------------------------------------------------
     @property
