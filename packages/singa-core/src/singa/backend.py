@@ -182,9 +182,13 @@ class Device:
       _copy_to_host(handle, byte_offset, host: numpy array (C-contiguous))     device -> host, fills `host`
       _copy_on_device(dst_handle, dst_byte_offset, src_handle, src_byte_offset, nbytes)
       synchronize()
+    and, only where the buffers are memory of this process (host_memory = True, the CPU backend):
+      host_buffer(view)   a writable buffer over a contiguous view's own bytes (MPI then works on it in place)
     """
 
     backend_name: ClassVar[str] = "?"
+    # True when buffers are this process's host memory and host_buffer() exposes them (communicators skip copies)
+    host_memory: ClassVar[bool] = False
     kernels: dict[str, Callable] = {}
     # dtypes its kernels compute; a device adds dtypes.float64 only if every kernel it has (or the fallback) handles it
     dtypes: ClassVar[tuple] = dtypes.ALL
@@ -265,6 +269,10 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def host_buffer(self, view) -> memoryview:
+        """A writable buffer over the bytes of a contiguous view, for devices whose memory is host memory."""
+        raise NotImplementedError(f"{self.name}: device memory is not host memory (host_memory is False)")
+
     def Sync(self) -> None:  # SINGA spelling
         self.synchronize()
 
@@ -292,6 +300,12 @@ class Device:
     @staticmethod
     def EnableLazyAlloc(enable: bool) -> None:
         """Accepted for compatibility: every backend here allocates on first write through its pool."""
+
+    def capture(self, run: Callable[[], None]) -> Callable[[], None] | None:
+        """Record the device work that `run` launches into a graph the device replays in one call (CUDA Graphs),
+        and return that replay; `run` is called once to record and its work is *not* executed. None (this default)
+        when the device has no such facility: graph mode then replays the recorded kernels from Python."""
+        return None
 
     def memory_stats(self) -> dict[str, int]:
         return self.pool.stats()

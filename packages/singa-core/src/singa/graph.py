@@ -17,11 +17,19 @@ the recording unusable: `finish` raises `GraphUnsupported` naming the place, and
 Kernels that run on another device, or reads inside the core's host fallback, are handled the same way (the
 fallback's own reads are part of one kernel call and are ignored).
 
+External calls. `external(name, fn, args, reads, writes)` runs a Python function over views that is not a kernel (a
+collective of a communicator: MPI or NCCL traffic, with whatever staging it needs) and, inside a recording, records
+it as one call: a replay calls `fn` again on the rebuilt views. What `fn` does inside (kernels, host copies,
+allocations) belongs to that one call. External calls also keep their program order among themselves, so that every
+rank of a distributed job replays its collectives in the same order.
+
 Replay. `Graph.run()` calls the recorded kernels on prebuilt views: no autograd, no shape checks, no allocation.
 Random kernels get a fresh `device.next_rng_offset(n)` at each replay, reserved in program order, so a replayed
 step draws exactly what the eager step would have drawn. `sequential=True` keeps program order; otherwise calls are
 scheduled by their dependencies (read/write sets over buffers) with a greedy order that frees memory early; both
-orders compute the same values since every kernel is deterministic and sees the same inputs.
+orders compute the same values since every kernel is deterministic and sees the same inputs. A device that can
+record its own work (`Device.capture`: CUDA Graphs) records the first replay of a step without random kernels, and
+later replays are one launch of that device graph.
 
 Memory planning. Temporaries are placed at byte offsets of an arena so that two temporaries share bytes only when
 their live ranges (first to last call that touches them, in execution order) are disjoint: greedy by size, each
@@ -39,7 +47,7 @@ import os
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,8 +55,9 @@ import numpy as np
 from singa import dtypes, primitives, profiling
 from singa.backend import Buffer, Device, View
 
-__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording"]
+__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording", "external"]
 
+_EXTERNAL_ORDER = -1  # a pseudo buffer key every external call reads and writes: they stay in program order
 _ALIGN = 64  # byte alignment of planned temporaries (a multiple of every itemsize; cache-line friendly)
 _SINGA_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -84,6 +93,21 @@ def no_record() -> Iterator[None]:
         rec.suspended -= 1
 
 
+def external(name: str, fn: Callable[..., None], args: Sequence[Any], reads: Sequence[int] = (),
+             writes: Sequence[int] = ()) -> None:
+    """Call `fn(*args)` now; inside a recorded step also record it, to be called again at every replay.
+
+    `args` are views (tensors) of the recorded device or plain values; `reads` and `writes` are the positions of the
+    views `fn` reads and writes (a view may be in both). At a replay `fn` gets views rebuilt on the same memory, which
+    are `singa.backend.View`s, not Tensors.
+    """
+    rec = _active
+    if rec is None or rec.depth:
+        fn(*args)
+        return
+    rec.external(name, fn, args, reads, writes)
+
+
 def set_phase(name: str) -> None:
     """Label the kernels recorded from now on (forward / backward / update), for time profiling."""
     rec = _active
@@ -110,7 +134,7 @@ class _Call:
 
     def __init__(self, kind: str, name: str, fn: Callable, specs: list, params: dict, reads: frozenset,
                  writes: frozenset, phase: str, data: np.ndarray | None = None):
-        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view'
+        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view', 'external'
         self.name = name
         self.fn = fn
         self.specs = specs  # per positional argument: None, ('v', key, dtype, shape, strides, offset) or ('c', value)
@@ -233,6 +257,24 @@ class Recorder:
 
         recorded.__wrapped__ = fn
         return recorded
+
+    def external(self, name: str, fn: Callable, args: Sequence[Any], reads: Sequence[int],
+                 writes: Sequence[int]) -> None:
+        specs = [self._spec(a) for a in args]
+        for i in (*reads, *writes):
+            if specs[i] is None or specs[i][0] != "v":
+                raise TypeError(f"graph.external({name!r}): argument {i} is read or written but is not a view")
+        rkeys = frozenset(specs[i][1] for i in reads) | {_EXTERNAL_ORDER}
+        wkeys = frozenset(specs[i][1] for i in writes) | {_EXTERNAL_ORDER}
+        self.depth += 1
+        try:
+            fn(*args)
+        finally:
+            self.depth -= 1
+        if self.suspended:
+            self._pin(k for k in wkeys if k != _EXTERNAL_ORDER)
+        else:
+            self.calls.append(_Call("external", name, fn, specs, {}, rkeys, wkeys, "communication"))
 
     def _foreign_kernel(self, dev: Device, name: str, fn: Callable) -> Callable:
         def foreign(*args: Any, **params: Any) -> Any:
@@ -609,6 +651,7 @@ class Graph:
         used: set[int] = set()
         for c in calls:
             used |= c.touched()
+        used.discard(_EXTERNAL_ORDER)
         temp_bytes = {k: infos[k].nbytes for k in used if infos[k].strong is None}
         program = list(range(len(calls)))
         if sequential:
@@ -638,6 +681,10 @@ class Graph:
         self.num_temporaries = len(temp_bytes)
         self.num_in_place = len(root)
         self._build()
+        # a device graph (see Device.capture) bakes every kernel parameter in: steps that draw random numbers get
+        # fresh offsets at each replay, so they stay replayed from Python
+        self._device_replay = None
+        self._capturable = not self._random and os.environ.get("SINGA_GRAPH_CAPTURE", "").strip() != "0"
 
     def _view(self, spec: tuple | None) -> Any:
         if spec is None:
@@ -670,6 +717,10 @@ class Graph:
     def __len__(self) -> int:
         return len(self._exec)
 
+    def _replay(self) -> None:
+        for fn, args, kw in self._exec:
+            fn(*args, **kw)
+
     def run(self) -> None:
         """Replay the step."""
         dev = self.device
@@ -678,8 +729,13 @@ class Graph:
             kw["offset"] = dev.next_rng_offset(draws)
         prof = profiling.begin_iteration(dev)
         if prof is None:
-            for fn, args, kw in self._exec:
-                fn(*args, **kw)
+            if self._device_replay is None and self._capturable:
+                self._capturable = False  # one try: the device records the Python replay below into its own graph
+                self._device_replay = dev.capture(self._replay)
+            if self._device_replay is not None:
+                self._device_replay()
+            else:
+                self._replay()
             return
         sync = dev.synchronize
         clock = time.perf_counter_ns

@@ -37,6 +37,7 @@ from singa import autograd, layer, profiling
 from singa import dtypes as _dt
 from singa import graph as _graph
 from singa.backend import View
+from singa.distopt import DistOpt
 from singa.tensor import Tensor
 
 __all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
@@ -195,7 +196,9 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Create the parameters by running `forward` once on the placeholders, then set the modes.
 
         The forward runs without recording autograd and in evaluation mode (batch statistics are not touched);
-        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order).
+        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order). With a
+        `DistOpt` as the optimizer (set_optimizer before compile) and is_train, every rank then takes rank 0's
+        parameters and states.
         """
         if isinstance(inputs, Tensor):
             inputs = [inputs]
@@ -209,6 +212,10 @@ class Model(layer.Layer, metaclass=ModelMeta):
         finally:
             autograd.training = prev
         self.initialized = True
+        opt = getattr(self, "optimizer", None)
+        if is_train and isinstance(opt, DistOpt):
+            # data-parallel training starts from rank 0's parameters (and buffers such as running means)
+            opt.broadcast_parameters(list(self.get_states().values()))
         self.train(is_train)
         self.graph(use_graph, sequential)
 
@@ -330,8 +337,20 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Write the parameters and states, the attached optimizer's states and `aux_states` to a zip checkpoint.
 
         aux values may be Tensors, numpy arrays or JSON values (numbers, strings, lists, dicts); they come back from
-        load_states as they went in. The file is replaced atomically.
+        load_states as they went in. The file is replaced atomically. With a DistOpt over several ranks, every rank
+        calls save_states (as SINGA's scripts do): rank 0 writes the file, and each rank returns once it is written,
+        so that any rank may load it.
         """
+        opt = getattr(self, "optimizer", None)
+        dist = opt if isinstance(opt, DistOpt) and opt.world_size > 1 else None
+        if dist is not None and dist.global_rank != 0:
+            dist.barrier(self.device)  # rank 0 writes; wait until it has
+            return
+        self._write_states(fpath, aux_states)
+        if dist is not None:
+            dist.barrier(self.device)
+
+    def _write_states(self, fpath: str | os.PathLike, aux_states: Mapping[str, Any]) -> None:
         arrays: list[dict[str, Any]] = []
         data: list[np.ndarray] = []
 

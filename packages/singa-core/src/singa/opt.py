@@ -52,7 +52,8 @@ from singa import graph, ops, tensor
 from singa.backend import Device
 from singa.tensor import Tensor
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam"]
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam",
+           "DistOpt"]
 
 _F16_MAX = 65504.0  # the largest finite float16
 _NUMBER = (int, float, np.integer, np.floating)
@@ -805,3 +806,7 @@ class Adam(Optimizer):
         t = self._t(dev)
         lr = self.lr.init_value if type(self.lr) is Constant else ops.cast(ops.reshape(self.lr_value, ()), t.dtype)
         return ops.div(lr, bc1)
+
+
+# data-parallel training (singa.distopt): imported last, it builds on the optimizers above
+from singa.distopt import DistOpt  # noqa: E402

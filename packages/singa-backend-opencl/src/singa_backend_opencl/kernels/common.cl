@@ -1,4 +1,6 @@
-/* Shared definitions, prepended to every program of the OpenCL backend (build.py).
+/* The OpenCL prelude: prepended to every program of the OpenCL backend (device.py), before the sources it shares
+ * with the other GPU backends (singa/gpu/kernels/*.cl and the element-wise programs of singa.gpu.codegen), which are
+ * written in the common subset of OpenCL C and CUDA C++ completed by the macros below.
  *
  * Buffers are whole cl_mem objects; every kernel takes the element offset of each view as a `long` argument instead
  * of a sub-buffer (sub-buffers must start on CL_DEVICE_MEM_BASE_ADDR_ALIGN, views start anywhere).
@@ -32,9 +34,19 @@ typedef struct {
 #define SG_ST_F16(p, i, v) vstore_half_rte((float)(v), (i), (p))
 /* rounded once from the accumulator type (double with cl_khr_fp64), like the CPU backend's (_Float16)double */
 #define SG_ST_F16_ACC(p, i, v) vstore_half_rte((sg_acc)(v), (i), (p))
+#define SG_LD_F64(p, i) ((p)[i]) /* float64 programs are built only for devices with cl_khr_fp64 */
+#define SG_ST_F64(p, i, v) ((p)[i] = (double)(v))
 #define SG_LD_I32(p, i) ((p)[i])
 #define SG_ST_I32(p, i, v) ((p)[i] = (int)(v))
 #define SG_LD_I64(p, i) ((p)[i])
 #define SG_ST_I64(p, i, v) ((p)[i] = (long)(v))
 #define SG_LD_BOOL(p, i) ((int)((p)[i] != 0))
 #define SG_ST_BOOL(p, i, v) ((p)[i] = (uchar)((v) != 0))
+
+/* work-group memory: a helper's pointer parameter, a kernel's scratch array sized at launch (a __local parameter,
+ * named by SG_LOCAL_ARG and made usable by SG_LOCAL_INIT at the top of the body), a fixed-size array in a kernel */
+#define SG_LOCAL __local
+#define SG_LOCAL_ARG(T, name) __local T *name
+#define SG_LOCAL_INIT(T, name)
+#define SG_SHARED __local
+#define SG_REQD_WG(x, y, z) __attribute__((reqd_work_group_size(x, y, z)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # singa.dtypes codes, kept literal like the CPU backend's codegen
-F32, F16, I32, I64, BOOL = 0, 1, 2, 3, 4
+F32, F16, I32, I64, BOOL, F64 = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,10 @@ CLTYPES = {
     I32: CLType("int32", "int", "int", "I32"),
     I64: CLType("int64", "long", "long", "I64"),
     BOOL: CLType("bool", "uchar", "int", "BOOL"),
+    F64: CLType("float64", "double", "double", "F64"),  # only where the device declares float64
 }
 BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
-ITEMSIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BOOL: 1}
+ITEMSIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BOOL: 1, F64: 8}
 
 
 def param_type(dtype: int, fp64: bool) -> str:
@@ -53,7 +54,7 @@ def param_type(dtype: int, fp64: bool) -> str:
     the CPU backend), else float."""
     if dtype in (F32, F16):
         return "float"
-    return "double" if fp64 else "float"
+    return "double" if fp64 or dtype == F64 else "float"
 
 
 def _result(out: CLType, expr: str) -> tuple[str, str]:
