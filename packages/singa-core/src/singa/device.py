@@ -132,3 +132,4 @@ def device_query(id: int, verbose: bool = False) -> str:
 
 def enable_lazy_alloc(enable: bool) -> None:
     """Accepted for compatibility: every backend here allocates on first write through its pool."""
+    Device.EnableLazyAlloc(enable)

@@ -43,7 +43,7 @@ from singa.tensor import Tensor
 __all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
 
 CHECKPOINT_FORMAT = "singa-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: optimizer states in SINGA's groups (entries carry "group")
 _MAX_RECORD_ATTEMPTS = 3
 
 
@@ -95,8 +95,10 @@ def _opt_signature(opt: Any) -> tuple:
     def plain(o: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in vars(o).items() if isinstance(v, (bool, int, float, str))))
 
-    lr = getattr(opt, "lr", None)
-    return (id(opt), plain(opt), id(lr), plain(lr) if hasattr(lr, "__dict__") else lr)
+    # its hyper-parameters are schedulers (SINGA's lr, momentum, ...): each one's identity and settings
+    scheds = tuple(sorted((k, id(v), plain(v)) for k, v in vars(opt).items()
+                          if hasattr(v, "__dict__") and hasattr(v, "init_value")))
+    return (id(opt), plain(opt), scheds)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -241,8 +243,8 @@ class Model(layer.Layer, metaclass=ModelMeta):
 
     # -- graph mode ----------------------------------------------------------------------------------------------------
     def _run_step(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        if self._in_step or not self.graph_mode or not self.training:
-            return func(self, *args, **kwargs)
+        if self._in_step or not self.graph_mode or not self.training or _graph.recording() is not None:
+            return func(self, *args, **kwargs)  # (inside a recording made through the device, it records there)
         self._in_step = True
         try:
             return self._graph_step(func, args, kwargs)
@@ -274,8 +276,11 @@ class Model(layer.Layer, metaclass=ModelMeta):
     def _record(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         tensors = _tensors_in(list(args) + list(kwargs.values()))
         dev = self.device if self.device is not None else (tensors[0].device if tensors else None)
-        if dev is None:
-            return func(self, *args, **kwargs)
+        if dev is None or not self.initialized:
+            # the first step creates the parameters: run it eagerly (get_states() means nothing before it)
+            out = func(self, *args, **kwargs)
+            self.initialized = True
+            return out
         opt = getattr(self, "optimizer", None)
         if opt is not None and hasattr(opt, "_scalars"):
             opt._scalars.clear()  # per-step values computed outside the recording must be recomputed inside it
@@ -363,8 +368,13 @@ class Model(layer.Layer, metaclass=ModelMeta):
         opt = getattr(self, "optimizer", None)
         if opt is not None and callable(getattr(opt, "get_states", None)):
             manifest["optimizer"] = type(opt).__name__
-            for name, v in opt.get_states().items():
-                add("optimizer", name, np.asarray(v), "tensor")
+            for key, v in opt.get_states().items():
+                if isinstance(v, Mapping):  # SINGA's per-parameter groups: {'moments': {param name: tensor}}
+                    for name, t in v.items():
+                        add("optimizer", f"{key}/{name}", np.asarray(t), "tensor")
+                        arrays[-1]["group"] = key
+                else:
+                    add("optimizer", key, np.asarray(v), "tensor")
         for name, v in aux_states.items():
             if not isinstance(name, str):
                 raise TypeError(f"save_states: aux_states keys must be strings, got {name!r}")
@@ -410,7 +420,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
             raise ValueError(f"load_states({fpath!r}): the checkpoint does not match {type(self).__name__}: "
                              + "; ".join(problems))
         opt = getattr(self, "optimizer", None)
-        opt_states = {e["name"]: a for e, a in arrays if e["section"] == "optimizer"}
+        opt_states = _optimizer_states(manifest, arrays)
         if opt_states and opt is not None and callable(getattr(opt, "set_states", None)):
             if manifest.get("optimizer") == type(opt).__name__:
                 opt.set_states(opt_states)
@@ -427,6 +437,30 @@ class Model(layer.Layer, metaclass=ModelMeta):
                 aux[e["name"]] = Tensor(data=a, device=dev, dtype=_dt.from_numpy_dtype(a.dtype)) \
                     if e["kind"] == "tensor" else a
         return aux
+
+
+# Version 1 checkpoints named optimizer states '<param>/<state>' with these state names.
+_V1_STATE_GROUPS = {"momentum": "moments", "square_avg": "running_average", "sum": "history", "m": "m", "v": "v",
+                    "master": "master"}
+
+
+def _optimizer_states(manifest: dict, arrays: list[tuple[dict, np.ndarray]]) -> dict[str, Any]:
+    """The optimizer section as Optimizer.set_states takes it: {'step_counter': ..., 'moments': {name: array}}."""
+    out: dict[str, Any] = {}
+    for e, a in arrays:
+        if e["section"] != "optimizer":
+            continue
+        name = e["name"]
+        group = e.get("group")
+        if group is None and manifest.get("version") == 1 and "/" in name:
+            param, _, state = name.rpartition("/")
+            group = _V1_STATE_GROUPS.get(state, state)
+            name = f"{group}/{param}"
+        if group is not None:
+            out.setdefault(group, {})[name[len(group) + 1:]] = a
+        else:
+            out[name] = a
+    return out
 
 
 def _write_array(f: Any, arr: np.ndarray) -> None:
