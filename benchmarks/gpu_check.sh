@@ -44,12 +44,23 @@ stage cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rfE packages/singa-
 stage gpu_check 420 "$PY" benchmarks/gpu_check.py --out "$OUTDIR"
 stage conformance 420 "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=60 --pyargs singa.testing.conformance \
     --singa-device cuda
+# the seeds' examples, graph mode, float16, layers (CudnnRNN against torch.nn), bad input and threads, on cuda
+tests_on_cuda=(tests/test_autograd_seed.py tests/test_training_doc.py tests/test_graph.py tests/test_half.py
+               tests/test_layer.py)
+for t in tests/test_singa_script_forms.py tests/test_bad_input.py tests/test_threads.py; do
+    [ -f "$t" ] && tests_on_cuda+=("$t")
+done
 stage tests_on_cuda 300 env SINGA_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=30 \
-    tests/test_autograd_seed.py tests/test_training_doc.py tests/test_graph.py tests/test_half.py tests/test_layer.py
+    "${tests_on_cuda[@]}"
 stage onnx_models 300 "$PY" benchmarks/onnx_conformance.py --device cuda --output - --category real \
     --category simple --category pytorch-converted --category pytorch-operator
 if [ -f packages/singa-comm-nccl/tests/gpu_check.py ]; then
     stage nccl 180 "$PY" packages/singa-comm-nccl/tests/gpu_check.py
 fi
 echo "==> [$((SECONDS - start))s] done; failed stages: ${failed[*]:-none}" | tee -a "$OUTDIR/stages.log"
+# one file of every log's end (what comes back from a remote machine may be limited to a few files)
+for f in "$OUTDIR"/*.log; do
+    [ "$(basename "$f")" = stages.log ] && continue
+    { echo "===== $(basename "$f")"; tail -n 150 "$f"; } >>"$OUTDIR/all_logs.txt"
+done
 [ ${#failed[@]} -eq 0 ]
