@@ -228,11 +228,21 @@ def report(out: Path) -> None:
 SECTION = "## GPU: the CUDA backend beside PyTorch CUDA"
 
 
+def _log(path: Path) -> str | None:
+    """A stage's log: its own file, or its part of gpu_check.sh's all_logs.txt; None when the stage did not run."""
+    if path.is_file():
+        return path.read_text(errors="replace")
+    combined = path.parent / "all_logs.txt"
+    if not combined.is_file():
+        return None
+    parts = combined.read_text(errors="replace").split("===== ")
+    return next((p.split("\n", 1)[1] for p in parts if p.startswith(path.name + "\n")), None)
+
+
 def _last_line(path: Path, pattern: str) -> str:
     """The last line of a log that contains `pattern` (pytest's summary, say), or 'not run'."""
-    if not path.is_file():
-        return "not run"
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if pattern in line]
+    text = _log(path)
+    lines = [line.strip() for line in (text or "").splitlines() if pattern in line]
     return lines[-1] if lines else "not run"
 
 
@@ -240,9 +250,8 @@ def splice(folder: Path, doc: Path) -> None:
     """Write the results in `folder` (gpu_report.json and gpu_check.sh's logs) as the GPU section of `doc`."""
     rep = json.loads((folder / "gpu_report.json").read_text())
     md = (folder / "gpu_report.md").read_text().strip()
-    onnx = [line.strip() for line in (folder / "onnx_models.log").read_text().splitlines()
-            if line.strip().split(" ")[0] in ("real", "simple", "pytorch-converted", "pytorch-operator")] \
-        if (folder / "onnx_models.log").is_file() else []
+    onnx = [line.strip() for line in (_log(folder / "onnx_models.log") or "").splitlines()
+            if line.strip().split(" ")[0] in ("real", "simple", "pytorch-converted", "pytorch-operator")]
     rows = [f"| conformance suite on cuda | {_last_line(folder / 'conformance.log', ' passed')} |",
             f"| CUDA package tests | {_last_line(folder / 'cuda_tests.log', ' passed')} |",
             f"| seeds, graph mode, float16, layers on cuda | {_last_line(folder / 'tests_on_cuda.log', ' passed')} |",
