@@ -16,7 +16,11 @@ soon as the loss tensor goes away.
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
+import sys
+import threading
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +33,44 @@ from singa import ops
 from singa.tensor import Tensor
 
 CTensor = Tensor  # SINGA's raw tensor type; here the Tensor is its own data
-training = False
+
+
+class _TrainingFlag(threading.local):
+    """SINGA's `autograd.training`, kept per thread (as PyTorch's grad mode): a model evaluated in one thread never
+    switches recording off for another. A new thread starts from the value the main thread set last.
+
+    Inside this module `training` is this object, whose truth is the calling thread's flag (`if training:`); from
+    outside, `autograd.training` reads and assigns the calling thread's flag through the module's property below."""
+
+    main_value = False  # class attribute: what the main thread set last, the start value of new threads
+
+    def __init__(self) -> None:
+        self.value = _TrainingFlag.main_value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def set(self, flag: Any) -> None:
+        self.value = flag = bool(flag)
+        if threading.current_thread() is threading.main_thread():
+            _TrainingFlag.main_value = flag
+
+
+training = _TrainingFlag()
+_op_ids = itertools.count()  # operator names stay unique when several threads create operators
+
+
+class _AutogradModule(types.ModuleType):
+    @property
+    def training(self) -> bool:
+        return training.value
+
+    @training.setter
+    def training(self, flag: Any) -> None:
+        training.set(flag)
+
+
+sys.modules[__name__].__class__ = _AutogradModule
 
 _FLOATS = frozenset(_dt.FLOATS + (_dt.float64,))
 _INTS = frozenset(_dt.INTS)
@@ -153,8 +194,9 @@ class Operator:
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            name = f"{type(self).__name__}#{Operator.op_count}"
-            Operator.op_count += 1
+            n = next(_op_ids)
+            name = f"{type(self).__name__}#{n}"
+            Operator.op_count = n + 1
         self.name = name
         self.src: list = []
         self.requires_grad = False
@@ -198,7 +240,7 @@ class Operator:
         if "_init_keys" not in d:
             # attributes set by __init__ (constructor arguments) survive _release; forward's saved tensors do not
             d["_init_keys"] = frozenset(d) | {"_init_keys"}
-        record = training
+        record = training.value
         d.pop("_released", None)  # an instance may be called again (layers keep theirs)
         # An input needs a gradient when it requires one and someone will consume it: a stored leaf (parameter) or
         # an operator's output. A leaf that only requires grad (an input batch) gets none: nothing would read it,
