@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -108,10 +109,27 @@ def _shape_arg(op: str, shape: Any) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        out = tuple(int(d) for d in shape)
+        out = tuple(operator.index(d) for d in shape)  # 2.5 is refused, not truncated (as numpy does)
     except TypeError:
-        raise TypeError(f"{op}: shape must be a sequence of ints, got {shape!r}") from None
+        raise TypeError(f"{op}: shape must be a sequence of integers, got {shape!r}") from None
     return out
+
+
+MAX_BYTES = 2**63 - 1  # the largest byte count a device allocation can be asked for (a signed 64-bit size)
+
+
+def alloc_for(op: str, shape: tuple, dtype: int, device: Device):
+    """Device memory for a new contiguous tensor of `shape` (validated dims): a byte size that overflows, or memory
+    the device cannot give, is an error naming the shape."""
+    nbytes = math.prod(shape) * _dt.itemsize(dtype)
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{op}: shape {shape} of {_name(dtype)} needs {nbytes} bytes, more than any device can "
+                         f"allocate ({MAX_BYTES})")
+    try:
+        return device.alloc(nbytes)
+    except (MemoryError, OverflowError) as exc:
+        raise MemoryError(f"{op}: cannot allocate a {_name(dtype)} tensor of shape {shape} ({nbytes} bytes) on "
+                          f"{device.name}: {exc}") from None
 
 
 def _entry_dtypes(entry) -> frozenset:
@@ -133,7 +151,7 @@ def empty(shape: Sequence[int], dtype: int = float32, device: Device | None = No
         raise ValueError(f"empty: negative dimension in shape {shape}")
     device = _default_device() if device is None else device
     _device_dtype("empty", dtype, device)
-    return _empty(shape, dtype, device)
+    return _wrap(alloc_for("empty", shape, dtype, device), dtype, shape, _meta(shape)[0], 0, device)
 
 
 def full(shape: Sequence[int], value: Any, dtype: int = float32, device: Device | None = None) -> Tensor:
