@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import MLP
 
-from singa import device, opt, tensor
+from singa import autograd, device, layer, model, ops, opt, tensor
 from singa.tensor import Tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
@@ -142,3 +142,103 @@ def test_good_device_specs():
     assert device.parse_device_spec("cpu") == ("cpu", 0)
     assert device.parse_device_spec(" CPU:0 ") == ("cpu", 0)
     assert device.parse_device_spec("cuda:12") == ("cuda", 12)
+
+
+# -- class labels: integers in [0, classes), on every backend, eager and graph mode ---------------------------------
+
+
+def _backends() -> list[str]:
+    return [d.name for d in device.list_devices()]
+
+
+class _Classifier(model.Model):
+    def __init__(self, loss: str) -> None:
+        super().__init__()
+        self.fc = layer.Linear(5)
+        self.loss = layer.SoftMaxCrossEntropy() if loss == "softmax_cross_entropy" else layer.CrossEntropy()
+        self.softmax = loss != "softmax_cross_entropy"
+
+    def forward(self, x):
+        y = self.fc(x)
+        return autograd.softmax(y) if self.softmax else y
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+BAD_LABELS = [
+    (np.int32, [0, 4, -1, 2], r"label -1 at position 2 is outside \[0, 5\)"),
+    (np.int32, [0, 5, 1, 2], r"label 5 at position 1 is outside \[0, 5\)"),
+    (np.float32, [0, 1, 2, 2.5], r"label 2.5 at position 3 is not a whole number"),
+    (np.float32, [0, -0.5, 2, 2], r"label -0.5 at position 1 is not a whole number"),
+    (np.float32, [0, 1, -1, 2], r"label -1 at position 2 is outside \[0, 5\)"),
+    (np.float32, [np.nan, 1, 1, 2], r"label nan at position 0 is not a whole number"),
+]
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("loss", ["softmax_cross_entropy", "cross_entropy"])
+@pytest.mark.parametrize(("dtype", "labels", "message"), BAD_LABELS)
+def test_bad_labels_eager(backend, loss, dtype, labels, message):
+    dev = device.get_device(backend)
+    x = tensor.from_numpy(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), dev)
+    t = tensor.from_numpy(np.array(labels, dtype), dev)
+    autograd.training = True
+    w = tensor.from_numpy(np.ones((3, 5), np.float32), dev)
+    w.requires_grad = w.stores_grad = True
+    y = autograd.matmul(x, w)
+    if loss == "softmax_cross_entropy":
+        with pytest.raises((IndexError, ValueError), match=message):
+            autograd.softmax_cross_entropy(y, t)
+    else:
+        p = autograd.softmax(y)
+        with pytest.raises((IndexError, ValueError), match=message):
+            autograd.cross_entropy(p, t)
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("loss", ["softmax_cross_entropy", "cross_entropy"])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_bad_labels_graph_mode(backend, loss, dtype):
+    """The check is part of the recorded step: a replay with a bad label raises too (and good steps still run)."""
+    dev = device.get_device(backend)
+    m = _Classifier(loss)
+    m.optimizer = opt.SGD(lr=0.1)
+    tx = tensor.Tensor((4, 3), dev)
+    ty = tensor.Tensor((4,), dev, tensor.int32 if dtype == np.int32 else tensor.float32)
+    m.compile([tx], is_train=True, use_graph=True)
+    tx.copy_from_numpy(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32))
+    good = np.array([0, 1, 2, 3], dtype)
+    for _ in range(2):  # record, then replay
+        ty.copy_from_numpy(good)
+        m(tx, ty)
+    assert m.graph_summary() is not None, "the step was not recorded"
+    before = {k: v.to_numpy() for k, v in m.get_params().items()}
+    for labels, message in [([0, 1, -1, 3], r"label -1 at position 2 is outside \[0, 5\)"),
+                            ([0, 1, 2, 7], r"label 7 at position 3 is outside \[0, 5\)")]:
+        ty.copy_from_numpy(np.array(labels, dtype))
+        with pytest.raises(IndexError, match=message):
+            m(tx, ty)
+    if dtype == np.float32:
+        ty.copy_from_numpy(np.array([0, 1.5, 2, 3], dtype))
+        with pytest.raises(ValueError, match=r"label 1.5 at position 1 is not a whole number"):
+            m(tx, ty)
+    for k, v in m.get_params().items():  # the failed steps never reached the update
+        assert np.array_equal(v.to_numpy(), before[k]), k
+    ty.copy_from_numpy(good)
+    m(tx, ty)
+    assert m.graph_summary() is not None
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_ops_softmax_cross_entropy_checks_labels(backend):
+    dev = device.get_device(backend)
+    x = tensor.from_numpy(np.zeros((3, 4), np.float32), dev)
+    t = tensor.from_numpy(np.array([1, 2, -2], np.int64), dev)
+    with pytest.raises(IndexError, match=r"softmax_cross_entropy: label -2 at position 2 is outside \[0, 4\)"):
+        ops.softmax_cross_entropy(x, t)
+    with pytest.raises(IndexError, match=r"softmax_cross_entropy_backward: label -2 at position 2"):
+        ops.softmax_cross_entropy_backward(1.0, x, t)

@@ -814,7 +814,7 @@ def test_softmax_cross_entropy(dt, target_kind):
         t = RNG.random((n, c)).astype(dt)  # not normalised: the gradient must use sum(t)
         tf = t.astype(np.float64)
     else:
-        t = RNG.integers(-c, c, n).astype(target_kind)  # negative labels count from the end, as numpy indexes
+        t = RNG.integers(0, c, n).astype(target_kind)
         tf = np.zeros((n, c))
         tf[np.arange(n), t] = 1.0
     xf = x.astype(np.float64)
@@ -836,6 +836,10 @@ def test_softmax_cross_entropy_rejects_bad_labels():
     with pytest.raises(IndexError):
         K["softmax_cross_entropy_backward"](empty((3, 4), np.float32), put(np.ones(3, np.float32)), x,
                                             put(np.array([0, -5, 1], np.int32)))
+    for k, args in (("softmax_cross_entropy", (empty((3,), np.float32), x)),
+                    ("softmax_cross_entropy_backward", (empty((3, 4), np.float32), put(np.ones(3, np.float32)), x))):
+        with pytest.raises(IndexError, match="label -1 with 4 classes"):  # a class label never counts from the end
+            K[k](*args, put(np.array([0, -1, 1], np.int32)))
 
 
 # -- indexing -----------------------------------------------------------------------------------------------------

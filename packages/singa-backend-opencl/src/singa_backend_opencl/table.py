@@ -1057,15 +1057,17 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
     return kernel
 
 
-def _first_bad_index(dev, idx, count: int, length: int) -> int | None:
-    """The first index of `idx` outside [-length, length), or None. Reads a flag back: a synchronising call, so that
-    the error is raised by the kernel call that caused it, before any output is touched."""
+def _first_bad_index(dev, idx, count: int, length: int, lo: int | None = None) -> int | None:
+    """The first index of `idx` outside [lo, length) (lo = -length by default: indices may count from the end), or
+    None. Reads a flag back: a synchronising call, so that the error is raised by the kernel call that caused it,
+    before any output is touched."""
     if count == 0:
         return None
     flag = dev.scratch("index-flag", 4)
     dev.fill_bytes(flag.handle, 0, PU32(_INT_MAX), 4)
     dev.launch(dev.kernel(f"index:{SUFFIX[idx.dtype]}", "sg_check_indices"), count,
-               (I64(count), I64(length), idx.buffer.handle.arg, I64(idx.offset), flag.handle.arg))
+               (I64(count), I64(-length if lo is None else lo), I64(length), idx.buffer.handle.arg, I64(idx.offset),
+                flag.handle.arg))
     pos = int(dev.read(View(flag, I32_, ())))
     if pos == _INT_MAX:
         return None
@@ -1081,7 +1083,7 @@ def _xent_check(name: str, x, target, views) -> tuple[int, int]:
     if target.dtype in (I32_, I64_):
         if math.prod(target.shape) != n:
             raise _shape_error(name, views, "integer targets must hold N labels")
-        bad = _first_bad_index(dev, target, n, c)
+        bad = _first_bad_index(dev, target, n, c, lo=0)  # class labels never count from the end
         if bad is not None:
             raise IndexError(f"opencl kernel {name}({', '.join(_describe(v) for v in views)}): label {bad} with "
                              f"{c} classes")

@@ -1991,7 +1991,10 @@ def _class_target(x: Tensor, t: Any) -> Tensor:
         return t if t.dtype == x.dtype else ops.cast(t, x.dtype)
     if t.shape in ((N,), (N, 1)):
         t = ops.reshape(t, (N,))
-        return t if t.dtype in _INTS else ops.cast(t, _dt.int64)
+        if t.dtype in _INTS:
+            return t  # checked by the loss that reads them (ops.softmax_cross_entropy, _dense_target)
+        ops.check_labels("loss target", t, C)  # before the cast, which would truncate 2.5 and -0.5
+        return ops.cast(t, _dt.int64)
     raise ValueError(f"target of shape {t.shape} does not match predictions of shape {x.shape} (expected ({N},) "
                      f"labels or ({N}, {C}) one-hot / probabilities)")
 
@@ -2003,6 +2006,7 @@ def _dense_target(x: Tensor, t: Any) -> Tensor:
     if len(x.shape) == 2 and t.shape != x.shape:
         t = _class_target(x, t)
         if t.dtype in _INTS:
+            ops.check_labels("loss target", t, x.shape[1])
             ar = ops.from_numpy(np.arange(x.shape[1], dtype=np.int64).reshape(1, -1), x.device, _dt.int64)
             return ops.cast(ops.eq(ops.unsqueeze(ops.cast(t, _dt.int64), 1), ar), x.dtype)
         return t

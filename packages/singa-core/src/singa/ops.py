@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from singa import dtypes as _dt
+from singa import graph as _graph
 from singa.backend import Device, View
 from singa.expressions import TABLE as _TABLE
 from singa.tensor import Tensor
@@ -1664,6 +1665,30 @@ def log_softmax_backward(dy: Tensor, y: Tensor, axis: int = -1) -> Tensor:
     return _softmax_grad("log_softmax_backward", dy, y, axis)
 
 
+def check_labels(op: str, labels: Tensor, classes: int) -> None:
+    """Class labels must be whole numbers in [0, classes): else an error naming the first bad label and its position
+    (no wrapping of -1 to the last class, no truncation of 2.5). The check reads the labels on the host; in a step
+    recorded for graph mode it is part of the graph and runs at every replay (`graph.host_check`), on every backend."""
+    _tensor(op, labels, "labels")
+
+    def check(view: Any) -> None:
+        arr = view.buffer.device.read(view).reshape(-1)
+        if arr.dtype.kind == "f":
+            whole = np.isfinite(arr) & (np.floor(arr) == arr)
+            if not whole.all():
+                i = int(np.argmin(whole))
+                raise ValueError(f"{op}: label {arr[i].item()!r} at position {i} is not a whole number (class labels "
+                                 f"are integers in [0, {classes}))")
+        bad = (arr < 0) | (arr >= classes)
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = arr[i].item()
+            raise IndexError(f"{op}: label {int(v) if float(v).is_integer() else v} at position {i} is outside "
+                             f"[0, {classes}) ({classes} classes)")
+
+    _graph.host_check(f"{op}:check_labels", check, labels)
+
+
 def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
     _tensor(op, x, "x")
     _tensor(op, target, "target")
@@ -1677,6 +1702,7 @@ def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
             target = reshape(target, (N,))
         if target.shape != (N,):
             raise ValueError(f"{op}: label target shape {target.shape} does not match x {x.shape} (expected ({N},))")
+        check_labels(op, target, C)
     else:
         _same_dtype(op, x, target)
         if target.shape != (N, C):
