@@ -31,6 +31,7 @@ ONNX_REQUIREMENTS = ["onnx==1.23.2", "onnxruntime==1.31.1"]
 DEMO_REQUIREMENTS = ["scikit-learn", "matplotlib", *ONNX_REQUIREMENTS]
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=7"
+HYPOTHESIS = "hypothesis>=6.100"  # the property tests (tests/test_fuzz_*.py)
 
 
 def _load_toml(path: Path) -> dict | None:
@@ -106,8 +107,8 @@ def tests(session: nox.Session) -> None:
     # singa-onnx with the onnx / onnxruntime it is tested against (tests/test_onnx_*.py, the onnx backend suite)
     # torch (optimizer references), scikit-learn and matplotlib (the demo's data and plot): without them those tests
     # would skip, and a skip must never hide a failure in CI
-    install_singa(session, PYTEST, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib", with_test_plugins=True,
-                  with_opencl=True, with_onnx=True)
+    install_singa(session, PYTEST, HYPOTHESIS, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib",
+                  with_test_plugins=True, with_opencl=True, with_onnx=True)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
     failed = []
