@@ -14,15 +14,18 @@ import numpy as np
 import pytest
 from helpers import CNN
 
-from singa import autograd, device, graph, opt, tensor
+from singa import autograd, device, graph, ops, opt, tensor
+
+pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 
 STEPS = 4
 BATCH = 6
 
 
-@pytest.fixture(scope="module")
-def dev():
-    return device.get_default_device()
+@pytest.fixture(scope="module", params=[d.name for d in device.list_devices()])
+def dev(request):
+    """Every installed device: each backend must keep the threads apart."""
+    return device.get_device(request.param)
 
 
 @pytest.fixture
@@ -191,3 +194,32 @@ def test_two_threads_record_at_once(dev):
     assert out["sqrt"][0] == ["sqrt"]
     assert "EnableGraph" not in vars(dev)
     assert all(not hasattr(f, "__wrapped__") for f in dev.table.values())
+
+
+def test_index_checks_of_two_threads_stay_apart(dev, busy_switching):
+    """A thread gathering with bad indices never makes another thread's good gather fail (a backend that checks
+    indices on the device keeps one flag per thread)."""
+    x = tensor.from_numpy(np.arange(20, dtype=np.float32).reshape(5, 4), dev)
+    good = tensor.from_numpy(np.array([0, 4, 2], np.int32), dev)
+    bad = tensor.from_numpy(np.array([1, 9, 0], np.int32), dev)
+    stop = threading.Event()
+    wrong: list = []
+
+    def bad_gathers():
+        while not stop.is_set():
+            try:
+                ops.gather(x, bad, 0)
+                wrong.append("a bad index went through")
+            except IndexError:
+                pass
+
+    t = threading.Thread(target=bad_gathers)
+    t.start()
+    try:
+        for _ in range(300):
+            r = ops.gather(x, good, 0)
+            assert np.array_equal(tensor.to_numpy(r), np.arange(20, dtype=np.float32).reshape(5, 4)[[0, 4, 2]])
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    assert not wrong
