@@ -1,6 +1,6 @@
 """SINGA's `autograd` module: reverse-mode differentiation over `singa.ops`, with SINGA's Operator API.
 
-While the module flag `training` is True, calling an `Operator` records, for every input, the operator that produced
+While `training` (a flag per thread) is True, calling an `Operator` records, for every input, the operator that produced
 it (its `creator`; a leaf gets a `Dummy`), and marks the outputs with `creator = op`. `backward(loss)` walks that graph
 from the loss, summing every gradient contribution of a tensor before the operator that produced it runs its own
 backward (dependency counting), and yields `(param, grad)` for each tensor with `stores_grad=True`.
