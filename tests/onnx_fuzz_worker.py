@@ -25,17 +25,25 @@ SANDBOX = os.path.realpath(sys.argv[1])
 MODEL_DIR = os.path.join(SANDBOX, "model")
 SECRET = np.frombuffer(bytes.fromhex(sys.argv[2]), np.float32)
 
-try:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]), resource.RLIM_INFINITY))
-except (ImportError, ValueError, OSError):  # not on this platform: the test still runs, without the memory guard
-    pass
-
-from singa import device  # noqa: E402 - after the memory limit, so that imports count under it too
+from singa import device  # noqa: E402
 from singa_onnx import prepare  # noqa: E402
 
 DEV = device.get_default_device()
+
+
+def _limit_memory(extra: int) -> None:
+    """Let the process map at most `extra` bytes more than it maps now (what the imports and backends reserved)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, resource.RLIM_INFINITY))
+    except (ImportError, ValueError, OSError):  # not on this platform: the test runs without the memory guard
+        pass
+
+
+_limit_memory(int(sys.argv[3]))
 _opened: list[str] | None = None
 _ALLOWED_ROOTS = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p})
 

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from singa import device
 
 TIMEOUT = 30.0
-ADDRESS_SPACE = 6 << 30  # the worker's RLIMIT_AS
+ADDRESS_SPACE = 4 << 30  # what the worker may map beyond what it maps once started (RLIMIT_AS)
 SECRET = np.array([3.25, -1.5e7, 42.0625, 7.75e-3], np.float32)
 OPSET = [helper.make_opsetid("", 17)]
 ALLOWED = {"singa_onnx.errors.InvalidModelError", "singa_onnx.errors.UnsupportedOperatorError",

@@ -141,8 +141,8 @@ BINARY = [
     Binary("sub", operator.sub, _f(np.subtract), _int_binary(operator.sub), NUMERIC),
     Binary("mul", operator.mul, _f(np.multiply), _int_binary(operator.mul), NUMERIC),
     Binary("div", operator.truediv, _f(np.divide), _int_binary(_trunc_div), NUMERIC),
-    Binary("floor_divide", operator.floordiv, _f(np.floor_divide), _int_binary(_floor_div), NUMERIC, special=False),
-    Binary("mod", operator.mod, _f(np.mod), _int_binary(_py_mod), NUMERIC, special=False),
+    Binary("floor_divide", operator.floordiv, _f(np.floor_divide), _int_binary(_floor_div), NUMERIC),
+    Binary("mod", operator.mod, _f(np.mod), _int_binary(_py_mod), NUMERIC),
     Binary("pow", operator.pow, _f(np.power), None, FLOATS, special=False),
     Binary("lt", operator.lt, _f(np.less), _f(np.less), NUMERIC, compare=True),
     Binary("le", operator.le, _f(np.less_equal), _f(np.less_equal), NUMERIC, compare=True),
@@ -501,3 +501,20 @@ def test_layout_operators(dev, kind, data):
     else:
         assert got.shape == want.shape, f"{what}: shape {got.shape} vs numpy {want.shape}"
         assert np.array_equal(got, want, equal_nan=a.dtype.kind == "f"), f"{what}: {got} vs numpy {want}"
+
+
+@pytest.mark.parametrize(("dtype", "a", "b"), [
+    (np.float16, [1e-6, 6e-8, -3e-5, 7, -7, 1e4], [-34, -34, 7, 2, 2, 3]),  # found by the property test: 1e-6 // -34
+    (np.float32, [1e-40, -1e-40, 1e8 + 4, 16777217, 5, -5], [-3, 3, 3, 0.1, 0, 0]),
+    (np.int32, [-2**31, -2**31, 2**31 - 1, 7, -7, 0], [3, -1, -2, 0, 2, -3]),
+    (np.int64, [-2**63, 2**63 - 1, -2**63, 9, -9, 1], [7, -7, -1, -2, 4, 0]),
+])
+def test_floor_divide_does_not_round_the_quotient_first(dev, dtype, a, b):
+    a, b = np.array(a, dtype), np.array(b, dtype)
+    got = tensor.to_numpy(tensor.from_numpy(a, dev) // tensor.from_numpy(b, dev))
+    if np.dtype(dtype).kind == "f":
+        with np.errstate(all="ignore"):
+            want = np.floor_divide(a, b)
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_array_equal(got, _int_binary(_floor_div)(a, b))

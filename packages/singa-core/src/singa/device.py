@@ -30,7 +30,7 @@ def parse_device_spec(spec: str) -> tuple[str, int]:
     if not colon:
         return name.lower(), 0
     if not (idx.isascii() and idx.isdigit()):  # 'cpu:' and 'cpu:abc' alike; no sign, blanks or underscores
-        raise ValueError(f"device index in {spec!r} is not a non-negative integer (write 'name' or 'name:N')")
+        raise ValueError(f"device index in {spec!r} is not an integer N >= 0 (write 'name' or 'name:N')")
     return name.lower(), int(idx)
 
 

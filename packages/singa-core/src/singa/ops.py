@@ -589,13 +589,10 @@ def clip(x: Tensor, min: float | None = None, max: float | None = None, out: Ten
     return unary("clip", x, lo, hi, out=out)
 
 
-def floor_divide(a: Any, b: Any) -> Tensor:
-    """Python's `//`: floor(a / b) for floats; for integers (a - a mod b) / b, exact (x // 0 gives 0)."""
-    like = a if isinstance(a, Tensor) else b
-    _tensor("floor_divide", like)
-    if like.dtype in _FLOATS:
-        return floor(div(a, b))
-    return div(sub(a, mod(a, b)), b)
+def floor_divide(a: Any, b: Any, out: Tensor | None = None) -> Tensor:
+    """Python's `//` (numpy's floor_divide): floor(a / b) without rounding the quotient first; integers exact, x // 0
+    gives 0."""
+    return binary("floor_divide", a, b, out)
 
 
 def where(cond: Tensor, a: Any, b: Any, out: Tensor | None = None) -> Tensor:

@@ -285,7 +285,7 @@ class Tensor:
             except ValueError:
                 fits = False
             if not fits:
-                raise ValueError(f"set_value: values of shape {tuple(shape)} do not broadcast to the tensor's shape "
+                raise ValueError(f"set_value: values of shape {shape} do not broadcast to the tensor's shape "
                                  f"{self.shape}")
             _ops.assign(t, x)
         else:
