@@ -28,7 +28,7 @@ import numpy as np
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "write", "read", "stale_temporaries", "remove_stale_temporaries"]
 
 FORMAT = "singa-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: optimizer states in SINGA's groups (entries carry "group"); 1 still loads
 _SUFFIX = ".singa-tmp"
 _SECTIONS = ("states", "optimizer", "aux")
 _KINDS = ("tensor", "array")

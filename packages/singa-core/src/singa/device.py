@@ -43,7 +43,9 @@ def get_device(spec: str) -> Device:
         backend = plugins.get_backend(name)
         count = backend.device_count()
         if not 0 <= index < count:
-            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range")
+            why = backend.info().get("status") if count == 0 else None  # e.g. no driver, no OpenCL platform
+            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range"
+                               + (f" ({why})" if why else ""))
         dev = backend.create_device(index)
         _devices[key] = dev
     return dev
@@ -130,3 +132,4 @@ def device_query(id: int, verbose: bool = False) -> str:
 
 def enable_lazy_alloc(enable: bool) -> None:
     """Accepted for compatibility: every backend here allocates on first write through its pool."""
+    Device.EnableLazyAlloc(enable)

@@ -13,12 +13,15 @@ A fix to an expression lands in every backend at their next build; a new entry g
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from singa import dtypes as dt
+
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[fF]\b")
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,12 @@ class Elementwise:
         return self.arity == 1 or bool(self.params)
 
     def expression(self, dtype: int) -> str:
+        """The expression as a kernel of input dtype `dtype` computes it: `int_expr` for integers where given, and
+        for float64 the float literals widened (`0.70710678f` would cost a double its last 29 bits)."""
         if dtype in dt.INTS + (dt.bool_,) and self.int_expr is not None:
             return self.int_expr
+        if dtype == dt.float64:
+            return _FLOAT_LITERAL.sub(r"\1", self.expr)
         return self.expr
 
 

@@ -18,11 +18,20 @@ Kernels that run on another device, or reads inside the core's host fallback, ar
 fallback's own reads are part of one kernel call and are ignored). A `host_check` (the core's validation of device
 data, such as class labels) is kept as a call of its own and runs again at every replay.
 
+External calls. `external(name, fn, args, reads, writes)` runs a Python function over views that is not a kernel (a
+collective of a communicator: MPI or NCCL traffic, with whatever staging it needs) and, inside a recording, records
+it as one call: a replay calls `fn` again on the rebuilt views. What `fn` does inside (kernels, host copies,
+allocations) belongs to that one call. External calls also keep their program order among themselves, so that every
+rank of a distributed job replays its collectives in the same order.
+
 Replay. `Graph.run()` calls the recorded kernels on prebuilt views: no autograd, no shape checks, no allocation.
 Random kernels get a fresh `device.next_rng_offset(n)` at each replay, reserved in program order, so a replayed
 step draws exactly what the eager step would have drawn. `sequential=True` keeps program order; otherwise calls are
 scheduled by their dependencies (read/write sets over buffers) with a greedy order that frees memory early; both
-orders compute the same values since every kernel is deterministic and sees the same inputs.
+orders compute the same values since every kernel is deterministic and sees the same inputs. A device that can
+record its own work (`Device.capture`: CUDA Graphs) records the first replay of a step without random kernels, and
+later replays are one launch of that device graph, after the step's host checks of its inputs (class labels) have run
+on the host; a step whose host checks read data the step itself computes stays replayed from Python.
 
 Memory planning. Temporaries are placed at byte offsets of an arena so that two temporaries share bytes only when
 their live ranges (first to last call that touches them, in execution order) are disjoint: greedy by size, each
@@ -41,7 +50,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,8 +58,10 @@ import numpy as np
 from singa import dtypes, primitives, profiling
 from singa.backend import Buffer, Device, View
 
-__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording", "host_check"]
+__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording", "host_check",
+           "external"]
 
+_EXTERNAL_ORDER = -1  # a pseudo buffer key every external call reads and writes: they stay in program order
 _ALIGN = 64  # byte alignment of planned temporaries (a multiple of every itemsize; cache-line friendly)
 _SINGA_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -90,6 +101,21 @@ def no_record() -> Iterator[None]:
         rec.suspended -= 1
 
 
+def external(name: str, fn: Callable[..., None], args: Sequence[Any], reads: Sequence[int] = (),
+             writes: Sequence[int] = ()) -> None:
+    """Call `fn(*args)` now; inside a recorded step also record it, to be called again at every replay.
+
+    `args` are views (tensors) of the recorded device or plain values; `reads` and `writes` are the positions of the
+    views `fn` reads and writes (a view may be in both). At a replay `fn` gets views rebuilt on the same memory, which
+    are `singa.backend.View`s, not Tensors.
+    """
+    rec = _tls.active
+    if rec is None or rec.depth:
+        fn(*args)
+        return
+    rec.external(name, fn, args, reads, writes)
+
+
 def set_phase(name: str) -> None:
     """Label the kernels recorded from now on (forward / backward / update), for time profiling."""
     rec = _tls.active
@@ -116,7 +142,7 @@ class _Call:
 
     def __init__(self, kind: str, name: str, fn: Callable, specs: list, params: dict, reads: frozenset,
                  writes: frozenset, phase: str, data: np.ndarray | None = None):
-        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view'
+        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view', 'external'
         self.name = name
         self.fn = fn
         self.specs = specs  # per positional argument: None, ('v', key, dtype, shape, strides, offset) or ('c', value)
@@ -238,6 +264,24 @@ class Recorder:
         else:
             self.calls.append(_Call("kernel", name, fn, specs, dict(params), reads, writes, self.phase))
         return r
+
+    def external(self, name: str, fn: Callable, args: Sequence[Any], reads: Sequence[int],
+                 writes: Sequence[int]) -> None:
+        specs = [self._spec(a) for a in args]
+        for i in (*reads, *writes):
+            if specs[i] is None or specs[i][0] != "v":
+                raise TypeError(f"graph.external({name!r}): argument {i} is read or written but is not a view")
+        rkeys = frozenset(specs[i][1] for i in reads) | {_EXTERNAL_ORDER}
+        wkeys = frozenset(specs[i][1] for i in writes) | {_EXTERNAL_ORDER}
+        self.depth += 1
+        try:
+            fn(*args)
+        finally:
+            self.depth -= 1
+        if self.suspended:
+            self._pin(k for k in wkeys if k != _EXTERNAL_ORDER)
+        else:
+            self.calls.append(_Call("external", name, fn, specs, {}, rkeys, wkeys, "communication"))
 
     def _alloc(self, buf: Buffer) -> None:
         if not self.depth:
@@ -699,6 +743,7 @@ class Graph:
         used: set[int] = set()
         for c in calls:
             used |= c.touched()
+        used.discard(_EXTERNAL_ORDER)
         temp_bytes = {k: infos[k].nbytes for k in used if infos[k].strong is None}
         program = list(range(len(calls)))
         if sequential:
@@ -728,6 +773,11 @@ class Graph:
         self.num_temporaries = len(temp_bytes)
         self.num_in_place = len(root)
         self._build()
+        # a device graph (see Device.capture) bakes every kernel parameter in: steps that draw random numbers get
+        # fresh offsets at each replay, so they stay replayed from Python
+        self._device_replay = None
+        self._capturable = (not self._random and not self._checks_step_data
+                            and os.environ.get("SINGA_GRAPH_CAPTURE", "").strip() != "0")
 
     def _view(self, spec: tuple | None) -> Any:
         if spec is None:
@@ -750,15 +800,33 @@ class Graph:
             params_of[ci] = dict(c.params)
             if c.kind == "kernel" and c.name.startswith("random_"):
                 self._random.append((params_of[ci], _draws(c.name, c.specs)))  # program order
+        written: set[int] = set().union(*(c.writes for c in self.calls))
+        self._inputs_checks: list[tuple[Callable, tuple, dict]] = []  # host checks of data fixed before the step
+        self._device_exec: list[tuple[Callable, tuple, dict]] = []  # the rest: what a device graph may hold
+        self._checks_step_data = False
         for ci in self.order:
             c = self.calls[ci]
             args = tuple(self._view(s) for s in c.specs)
             if c.kind in ("write", "write_strided"):
                 args = args + (c.data,)
-            self._exec.append((c.fn, args, params_of[ci]))
+            entry = (c.fn, args, params_of[ci])
+            self._exec.append(entry)
+            if c.kind == "check" and not (c.reads & written):
+                self._inputs_checks.append(entry)
+            else:
+                self._device_exec.append(entry)
+                self._checks_step_data |= c.kind == "check"
 
     def __len__(self) -> int:
         return len(self._exec)
+
+    def _replay(self) -> None:
+        for fn, args, kw in self._exec:
+            fn(*args, **kw)
+
+    def _replay_device_part(self) -> None:
+        for fn, args, kw in self._device_exec:
+            fn(*args, **kw)
 
     def run(self) -> None:
         """Replay the step."""
@@ -768,8 +836,15 @@ class Graph:
             kw["offset"] = dev.next_rng_offset(draws)
         prof = profiling.begin_iteration(dev)
         if prof is None:
-            for fn, args, kw in self._exec:
-                fn(*args, **kw)
+            if self._device_replay is None and self._capturable:
+                self._capturable = False  # one try: the device records the Python replay below into its own graph
+                self._device_replay = dev.capture(self._replay_device_part)
+            if self._device_replay is not None:
+                for fn, args, kw in self._inputs_checks:  # host checks (labels): they read, a device graph cannot
+                    fn(*args, **kw)
+                self._device_replay()
+            else:
+                self._replay()
             return
         sync = dev.synchronize
         clock = time.perf_counter_ns

@@ -35,6 +35,7 @@ from singa import autograd, checkpoint, layer, profiling
 from singa import dtypes as _dt
 from singa import graph as _graph
 from singa.backend import View
+from singa.distopt import DistOpt
 from singa.tensor import Tensor
 
 __all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError"]
@@ -93,8 +94,10 @@ def _opt_signature(opt: Any) -> tuple:
     def plain(o: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in vars(o).items() if isinstance(v, (bool, int, float, str))))
 
-    lr = getattr(opt, "lr", None)
-    return (id(opt), plain(opt), id(lr), plain(lr) if hasattr(lr, "__dict__") else lr)
+    # its hyper-parameters are schedulers (SINGA's lr, momentum, ...): each one's identity and settings
+    scheds = tuple(sorted((k, id(v), plain(v)) for k, v in vars(opt).items()
+                          if hasattr(v, "__dict__") and hasattr(v, "init_value")))
+    return (id(opt), plain(opt), scheds)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -192,7 +195,9 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Create the parameters by running `forward` once on the placeholders, then set the modes.
 
         The forward runs without recording autograd and in evaluation mode (batch statistics are not touched);
-        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order).
+        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order). With a
+        `DistOpt` as the optimizer (set_optimizer before compile) and is_train, every rank then takes rank 0's
+        parameters and states.
         """
         if isinstance(inputs, Tensor):
             inputs = [inputs]
@@ -206,6 +211,10 @@ class Model(layer.Layer, metaclass=ModelMeta):
         finally:
             autograd.training = prev
         self.initialized = True
+        opt = getattr(self, "optimizer", None)
+        if is_train and isinstance(opt, DistOpt):
+            # data-parallel training starts from rank 0's parameters (and buffers such as running means)
+            opt.broadcast_parameters(list(self.get_states().values()))
         self.train(is_train)
         self.graph(use_graph, sequential)
 
@@ -233,8 +242,8 @@ class Model(layer.Layer, metaclass=ModelMeta):
 
     # -- graph mode ----------------------------------------------------------------------------------------------------
     def _run_step(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        if self._in_step or not self.graph_mode or not self.training:
-            return func(self, *args, **kwargs)
+        if self._in_step or not self.graph_mode or not self.training or _graph.recording() is not None:
+            return func(self, *args, **kwargs)  # (inside a recording made through the device, it records there)
         self._in_step = True
         try:
             return self._graph_step(func, args, kwargs)
@@ -266,8 +275,11 @@ class Model(layer.Layer, metaclass=ModelMeta):
     def _record(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         tensors = _tensors_in(list(args) + list(kwargs.values()))
         dev = self.device if self.device is not None else (tensors[0].device if tensors else None)
-        if dev is None:
-            return func(self, *args, **kwargs)
+        if dev is None or not self.initialized:
+            # the first step creates the parameters: run it eagerly (get_states() means nothing before it)
+            out = func(self, *args, **kwargs)
+            self.initialized = True
+            return out
         opt = getattr(self, "optimizer", None)
         if opt is not None and hasattr(opt, "_scalars"):
             opt._scalars.clear()  # per-step values computed outside the recording must be recomputed inside it
@@ -324,8 +336,20 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Write the parameters and states, the attached optimizer's states and `aux_states` to a zip checkpoint.
 
         aux values may be Tensors, numpy arrays or JSON values (numbers, strings, lists, dicts); they come back from
-        load_states as they went in. The file is replaced atomically.
+        load_states as they went in. The file is replaced atomically. With a DistOpt over several ranks, every rank
+        calls save_states (as SINGA's scripts do): rank 0 writes the file, and each rank returns once it is written,
+        so that any rank may load it.
         """
+        opt = getattr(self, "optimizer", None)
+        dist = opt if isinstance(opt, DistOpt) and opt.world_size > 1 else None
+        if dist is not None and dist.global_rank != 0:
+            dist.barrier(self.device)  # rank 0 writes; wait until it has
+            return
+        self._write_states(fpath, aux_states)
+        if dist is not None:
+            dist.barrier(self.device)
+
+    def _write_states(self, fpath: str | os.PathLike, aux_states: Mapping[str, Any]) -> None:
         arrays: list[dict[str, Any]] = []
         data: list[np.ndarray] = []
 
@@ -343,8 +367,13 @@ class Model(layer.Layer, metaclass=ModelMeta):
         opt = getattr(self, "optimizer", None)
         if opt is not None and callable(getattr(opt, "get_states", None)):
             manifest["optimizer"] = type(opt).__name__
-            for name, v in opt.get_states().items():
-                add("optimizer", name, np.asarray(v), "tensor")
+            for key, v in opt.get_states().items():
+                if isinstance(v, Mapping):  # SINGA's per-parameter groups: {'moments': {param name: tensor}}
+                    for name, t in v.items():
+                        add("optimizer", f"{key}/{name}", np.asarray(t), "tensor")
+                        arrays[-1]["group"] = key
+                else:
+                    add("optimizer", key, np.asarray(v), "tensor")
         for name, v in aux_states.items():
             if not isinstance(name, str):
                 raise TypeError(f"save_states: aux_states keys must be strings, got {name!r}")
@@ -390,7 +419,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
             raise ValueError(f"load_states({fpath!r}): the checkpoint does not match {type(self).__name__}: "
                              + "; ".join(problems))
         opt = getattr(self, "optimizer", None)
-        opt_states = {e["name"]: a for e, a in arrays if e["section"] == "optimizer"}
+        opt_states = _optimizer_states(manifest, arrays)
         if opt_states and opt is not None and callable(getattr(opt, "set_states", None)):
             if manifest.get("optimizer") == type(opt).__name__:
                 opt.set_states(opt_states)
@@ -407,3 +436,27 @@ class Model(layer.Layer, metaclass=ModelMeta):
                 aux[e["name"]] = Tensor(data=a, device=dev, dtype=_dt.from_numpy_dtype(a.dtype)) \
                     if e["kind"] == "tensor" else a
         return aux
+
+
+# Version 1 checkpoints named optimizer states '<param>/<state>' with these state names.
+_V1_STATE_GROUPS = {"momentum": "moments", "square_avg": "running_average", "sum": "history", "m": "m", "v": "v",
+                    "master": "master"}
+
+
+def _optimizer_states(manifest: dict, arrays: list[tuple[dict, np.ndarray]]) -> dict[str, Any]:
+    """The optimizer section as Optimizer.set_states takes it: {'step_counter': ..., 'moments': {name: array}}."""
+    out: dict[str, Any] = {}
+    for e, a in arrays:
+        if e["section"] != "optimizer":
+            continue
+        name = e["name"]
+        group = e.get("group")
+        if group is None and manifest.get("version") == 1 and "/" in name:
+            param, _, state = name.rpartition("/")
+            group = _V1_STATE_GROUPS.get(state, state)
+            name = f"{group}/{param}"
+        if group is not None:
+            out.setdefault(group, {})[name[len(group) + 1:]] = a
+        else:
+            out[name] = a
+    return out

@@ -5,12 +5,17 @@ device (`device.alloc`) and calls the device's kernel, `device.table[name](*view
 `singa.primitives`. The core never touches device memory: transposes, slices, broadcasting and `expand` are views that
 only change shape/strides/offset; everything else is a kernel call.
 
-Dtype rule (SINGA's, made explicit):
+Dtype rule of the element-wise binary operations (SINGA's, made explicit):
 
-* no implicit promotion: tensor operands of one operation must share a dtype, otherwise TypeError naming both;
-* a Python or numpy scalar adopts the tensor's dtype; an integer or bool tensor refuses a scalar it cannot represent
-  exactly (`int_tensor * 0.5` is an error: convert with `cast` first);
-* a numpy array operand becomes a tensor of the other operand's dtype when it is of the same kind (float/int/bool);
+* operands of different kinds (bool < integer < float) compute in the dtype of the higher kind, the other operand
+  converted first, as SINGA casts: int32 + float32 is float32, bool * int32 is int32;
+* operands of the same kind and different widths are not promoted (float16 + float32, int32 + int64): TypeError
+  naming both, so that a half-precision or int64 index path never widens silently;
+* a Python or numpy scalar adopts the tensor's dtype, except that a float scalar with an integer or bool tensor makes
+  the result float32 (SINGA converts the scalar with float(); `int_tensor * 0.5` is float32, `int_tensor * 2` stays
+  integer); an integer scalar out of an integer tensor's range is an error;
+* a numpy array operand becomes a tensor of the other operand's dtype when it is of the same kind (float/int/bool),
+  else a tensor of its own dtype (float64 as float32), and the rule above applies;
 * integer `div` truncates toward zero (C, as the kernels do); `floor_divide` and `mod` follow Python.
 
 Errors name the operation and both operands' shapes, dtypes or devices: `add: cannot broadcast shapes (2, 3) and (4,)`.
@@ -202,6 +207,25 @@ def _same_dtype(op: str, a, b) -> None:
                         "(no implicit promotion; convert one with as_type)")
 
 
+def _kind(dtype: int) -> int:
+    """0 bool, 1 integer, 2 float: the order in which mixed binary operands are promoted."""
+    return 2 if dtype in _FLOATS else (0 if dtype == bool_ else 1)
+
+
+def _promote(op: str, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Operands of different kinds in the dtype of the higher kind (SINGA casts int to float); same kind, other
+    width: TypeError naming both."""
+    ka, kb = _kind(a.dtype), _kind(b.dtype)
+    if ka == kb:
+        if a.dtype != b.dtype:
+            raise TypeError(f"{op}: dtype mismatch {_name(a.dtype)} and {_name(b.dtype)} (operands of one kind are "
+                            "not widened implicitly; convert one with as_type)")
+        return a, b
+    if ka < kb:
+        return cast(a, b.dtype), b
+    return a, cast(b, a.dtype)
+
+
 def _supported(op: str, dtype: int, allowed) -> None:
     if dtype not in allowed:
         names = ", ".join(_name(d) for d in sorted(allowed))
@@ -347,14 +371,23 @@ def _const(op: str, v: Any, dtype: int, dev: Device) -> Tensor:
     return t
 
 
-def _array_operand(op: str, arr: np.ndarray, like: Tensor) -> Tensor:
-    """A numpy operand becomes a tensor of the other operand's dtype, if it is of the same kind."""
+def _array_operand(op: str, arr: np.ndarray, like: Tensor, promote: bool = False) -> Tensor:
+    """A numpy operand becomes a tensor of the other operand's dtype if it is of the same kind; otherwise, where
+    `promote` (binary operations), a tensor of its own dtype (float64 as float32, other integers as int32/int64)."""
     kind = "f" if like.dtype in _FLOATS else ("b" if like.dtype == bool_ else "i")
     akind = "i" if arr.dtype.kind == "u" else arr.dtype.kind
-    if akind != kind:
+    if akind == kind:
+        return from_numpy(arr, like.device, like.dtype)
+    if not promote or akind not in "fib":
         raise TypeError(f"{op}: dtype mismatch {_name(like.dtype)} and numpy {arr.dtype} "
                         "(no implicit promotion; convert one first)")
-    return from_numpy(arr, like.device, like.dtype)
+    if akind == "f":
+        code = float32
+    elif akind == "b":
+        code = bool_
+    else:
+        code = int64 if arr.dtype.itemsize > 4 else int32
+    return from_numpy(arr, like.device, code)
 
 
 # tensor OP scalar -> (scalar kernel, negate the scalar); scalar OP tensor -> scalar kernel. Floats only: integer
@@ -385,8 +418,12 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None, alpha: float = 
             raise TypeError(f"{name}: needs a Tensor operand, got {type(a).__name__} and {type(b).__name__}")
         t, s = (a, b) if at else (b, a)
         if isinstance(s, np.ndarray):
-            s = _array_operand(name, s, t)
+            s = _array_operand(name, s, t, promote=True)
         elif isinstance(s, SCALAR_TYPES):
+            if isinstance(s, (float, np.floating)) and t.dtype not in _FLOATS:
+                t = cast(t, float32)  # SINGA: a float scalar makes an integer (or bool) operation float
+            elif t.dtype == bool_ and not isinstance(s, (bool, np.bool_)) and s not in (0, 1):
+                t = cast(t, int32)  # bool * 2 counts: an integer result
             _supported(name, t.dtype, _entry_dtypes(entry))
             v = _scalar(name, s, t.dtype)
             odt = bool_ if entry.out_bool else t.dtype
@@ -405,7 +442,8 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None, alpha: float = 
                             "(expected a Tensor, a number or a numpy array)")
         a, b = (t, s) if at else (s, t)
     _same_device(name, a, b)
-    _same_dtype(name, a, b)
+    if a.dtype != b.dtype:
+        a, b = _promote(name, a, b)
     _supported(name, a.dtype, _entry_dtypes(entry))
     shape = a.shape if a.shape == b.shape else broadcast_shapes(name, a.shape, b.shape)
     odt = bool_ if entry.out_bool else a.dtype

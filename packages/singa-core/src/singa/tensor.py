@@ -163,8 +163,18 @@ class Tensor:
     # -- properties in SINGA's (method) spelling ---------------------------------------------------------------------
     @property
     def data(self) -> Tensor:
-        """SINGA's raw tensor handle (a CTensor there); here a Tensor is its own raw tensor."""
+        """SINGA's raw tensor handle (a CTensor there); here a Tensor is its own raw tensor. Assigning another
+        tensor makes this one share its memory, shape and dtype (SINGA replaces the raw tensor); `W.data += d.data`
+        adds in place."""
         return self
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if value is self:
+            return  # `t.data += x` (the in-place operator already wrote into t)
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Tensor.data: expected a Tensor (SINGA's raw tensor), got {type(value).__name__}")
+        self._adopt(value)
 
     def is_dummy(self) -> builtins.bool:
         """True for a tensor that no operator produced (no creator, or autograd's Dummy placeholder)."""
@@ -439,9 +449,9 @@ class Tensor:
             yield _ops.getitem(self, i)
 
     def __bool__(self) -> builtins.bool:
-        if self.size() != 1:
-            raise ValueError(f"the truth value of a tensor with {self.size()} elements is ambiguous")
-        return builtins.bool(self.item())
+        """Always True, as in SINGA, whose tensors have no truth value of their own: `if t:` tests that t exists.
+        Compare values explicitly (`float(t) > 0`, `t.item()`)."""
+        return True
 
     def __float__(self) -> float:
         return float(self.item())
@@ -451,9 +461,19 @@ class Tensor:
 
     # -- indexing ----------------------------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Tensor:
-        return _ops.getitem(self, key)
+        """numpy's basic indexing, except that an int keeps its axis with size 1, as SINGA's (`t[0]` of a (3, 4)
+        tensor is (1, 4)); an index out of range is an IndexError (also a ValueError, as SINGA raises)."""
+        return _ops.getitem(self, _keep_int_axes(key, self.shape))
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Write value (broadcast) into the elements `key` selects. numpy's rule, except that a value with more axes
+        than numpy's selection fills the selection as reading sees it (ints keeping size-1 axes): `t[0] += 1` and
+        `t[0] = t[1]` work both ways."""
+        kept = _keep_int_axes(key, self.shape)
+        if kept is not key:
+            ndim = len(value.shape) if isinstance(value, Tensor) else np.ndim(value)
+            if ndim > len(_ops.getitem(self, key).shape):
+                key = kept
         _ops.setitem(self, key, value)
 
     # -- arithmetic operators (element-wise, numpy broadcasting) -------------------------------------------------------
@@ -560,6 +580,39 @@ def _rebuild(arr, dtype, device_name, requires_grad, stores_grad, name):
                   name=name)
 
 
+class IndexOutOfRange(IndexError, ValueError):
+    """An index outside its axis: an IndexError, and a ValueError as SINGA's tensors raise."""
+
+
+def _is_int(k: Any) -> builtins.bool:
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (builtins.bool, np.bool_))
+
+
+def _keep_int_axes(key: Any, shape: tuple) -> Any:
+    """The key with each int i replaced by the slice i:i+1 of its axis (after checking it), so its axis stays."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if not any(_is_int(k) for k in keys):
+        return key
+    consumed = builtins.sum(1 for k in keys if k is not None and k is not Ellipsis)
+    out, axis = [], 0
+    for k in keys:
+        if k is Ellipsis:
+            axis += builtins.max(len(shape) - consumed, 0)
+        elif _is_int(k):
+            if axis >= len(shape):
+                raise IndexOutOfRange(f"too many indices for a tensor of shape {shape}")
+            n, i = shape[axis], int(k)
+            if not -n <= i < n:
+                raise IndexOutOfRange(f"index {i} is out of bounds for axis {axis} with size {n} (shape {shape})")
+            i %= n
+            k = builtins.slice(i, i + 1)
+            axis += 1
+        elif k is not None:
+            axis += 1
+        out.append(k)
+    return tuple(out)
+
+
 def _as_f32(t: Tensor) -> Tensor:
     return t if t.dtype == _dt.float32 else _ops.cast(t, _dt.float32)
 
@@ -627,8 +680,17 @@ def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0, 
 
 
 def from_numpy(np_array: Any, dev: Device | None = None) -> Tensor:
-    """A tensor with the array's shape, values and dtype (float64 becomes float32) on `dev` (default device)."""
-    return Tensor(device=dev, data=np_array)
+    """A tensor with the array's shape and values on `dev` (default device). As in SINGA, float64 becomes float32 and
+    int64 (numpy's default integer; other integer types too) becomes int32; values beyond int32 raise. Keep int64
+    with an explicit dtype: `Tensor(data=a, dtype=tensor.int64)`."""
+    arr = np.asarray(np_array)
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+        if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"from_numpy: {arr.dtype} values in [{arr.min()}, {arr.max()}] do not fit int32 (SINGA's "
+                             "integer type, to which from_numpy converts); keep them with "
+                             "Tensor(data=array, dtype=tensor.int64)")
+        arr = arr.astype(np.int32)
+    return Tensor(device=dev, data=arr)
 
 
 def to_host(t: Tensor) -> Tensor:

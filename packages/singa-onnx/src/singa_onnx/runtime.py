@@ -664,13 +664,20 @@ class ImportedGraph:
         return host_to_tensor(arr, dev, code)
 
     def stop_index(self, last_layers: int) -> int | None:
+        """How many nodes run (None: all), counting `last_layers` as SINGA's SingaRep does: -1 runs every node;
+        -k with k >= 2 leaves out the last k - 2 nodes (-2 runs every node, -3 all but the last); a non-negative k
+        is the index of the last node to run."""
         n = len(self.program.nodes)
         if last_layers is None or last_layers == -1:
             return None
-        if not isinstance(last_layers, (int, np.integer)) or last_layers >= 0 or n + last_layers + 1 < 1:
-            raise ValueError(f"last_layers must be a negative integer from -1 (the whole model) to -{n} (only the "
-                             f"first node), got {last_layers!r}")
-        return n + int(last_layers) + 1
+        k = int(last_layers) if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool) \
+            else None
+        keep = None if k is None else (n + k + 2 if k < 0 else k + 1)
+        if keep is None or not 1 <= keep <= n:
+            raise ValueError(f"last_layers must be -1 (every node), -k (SINGA's count: -2 runs every node, -3 all but "
+                             f"the last, down to -{n + 1}: only the first node) or the index of the last node to run "
+                             f"(0 to {n - 1}), got {last_layers!r}")
+        return None if keep == n else keep
 
     def run(self, rt: Runtime, feeds: dict[str, Any], last_layers: int = -1, aux_output: Iterable[str] = (),
             all_outputs: bool = False) -> tuple[list[Any], list[str], dict[str, Any]]:
