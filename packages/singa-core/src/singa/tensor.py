@@ -622,8 +622,12 @@ def _host_device() -> Device:
 
 
 def _compare(name: str, a: Any, b: Any) -> Tensor:
+    """A comparison as SINGA gives it: 0/1 in the operands' dtype (the promoted one for two tensors of different
+    kinds), bool for bool operands."""
     r = _ops.binary(name, a, b)
     like = a if isinstance(a, Tensor) else b
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and _ops._kind(b.dtype) > _ops._kind(a.dtype):
+        like = b
     return r if like.dtype == _dt.bool_ else _ops.cast(r, like.dtype)
 
 
