@@ -36,6 +36,7 @@ ONNX_REQUIREMENTS = ["onnx==1.23.2", "onnxruntime==1.31.1"]
 DEMO_REQUIREMENTS = ["scikit-learn", "matplotlib", *ONNX_REQUIREMENTS]
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=7"
+HYPOTHESIS = "hypothesis>=6.100"  # the property tests (tests/test_fuzz_*.py)
 # singa-core's `mpi` extra: the distributed tests and benchmarks run real ranks with OpenMPI's mpiexec (.ci/run
 # installs OpenMPI from Debian; mpi4py's wheel loads that library)
 MPI4PY = "mpi4py>=4"
@@ -125,7 +126,7 @@ def tests(session: nox.Session) -> None:
     # singa-onnx with the onnx / onnxruntime it is tested against (tests/test_onnx_*.py, the onnx backend suite)
     # torch (optimizer references), scikit-learn and matplotlib (the demo's data and plot): without them those tests
     # would skip, and a skip must never hide a failure in CI
-    install_singa(session, PYTEST, MPI4PY, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib",
+    install_singa(session, PYTEST, HYPOTHESIS, MPI4PY, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib",
                   with_test_plugins=True, with_opencl=True, with_onnx=True, with_nccl=True)
     install_cuda_for_tests(session)
     session.run("python", "-m", "singa", "info")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import CNN, MLP
 
-from singa import autograd, device, graph, layer, model, opt, tensor
+from singa import autograd, checkpoint, device, graph, layer, model, opt, tensor
 from singa.tensor import Tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
@@ -469,7 +469,7 @@ def test_failed_save_keeps_the_previous_checkpoint(dev, tmp_path, monkeypatch):
 
     m2 = _trained(dev, n=3)
     calls = {"n": 0}
-    real = model._write_array
+    real = checkpoint._write_array
 
     def failing(f, arr):
         calls["n"] += 1
@@ -477,7 +477,7 @@ def test_failed_save_keeps_the_previous_checkpoint(dev, tmp_path, monkeypatch):
             raise OSError("disk full (simulated)")
         real(f, arr)
 
-    monkeypatch.setattr(model, "_write_array", failing)
+    monkeypatch.setattr(checkpoint, "_write_array", failing)
     with pytest.raises(OSError, match="simulated"):
         m2.save_states(path, aux_states={"epoch": 3})
     assert calls["n"] == 3  # it did fail mid-way

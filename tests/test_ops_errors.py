@@ -180,9 +180,12 @@ def test_construction_and_copy_errors():
         Tensor((2,), dtype=9)
     with raises(TypeError, "numpy dtype complex128 has no SINGA equivalent"):
         Tensor(data=np.zeros(2, complex))
-    with raises(ValueError, "copy_from_numpy: 7 elements at offset 0 do not fit in a tensor of shape (2, 3) "
-                            "(6 elements)"):
+    with raises(ValueError, "copy_from_numpy: 7 values for a tensor of shape (2, 3) (6 elements); the sizes must "
+                            "match"):
         Tensor((2, 3)).copy_from_numpy(np.zeros(7))
+    with raises(ValueError, "copy_from_numpy: 3 values at offset 4 do not fit in a tensor of shape (2, 3) "
+                            "(6 elements)"):
+        Tensor((2, 3)).copy_from_numpy(np.zeros(3), offset=4)
     with raises(TypeError, "copy_from_numpy: cannot copy float64 data into a int32 tensor"):
         Tensor((2,), dtype=I32).copy_from_numpy(np.array([1.5, 2.5]))
     with raises(ValueError, "copy_data: source shape (2, 2) and destination shape (2, 3) have different numbers"):

@@ -345,6 +345,8 @@ def test_index_errors_leave_outputs_alone(ocl):
     loss = H.upload(ocl, np.full(3, 7.0, np.float32))
     with pytest.raises(IndexError, match="label 4 with 4 classes"):
         ocl.table["softmax_cross_entropy"](loss, x, H.upload(ocl, np.array([0, 4, 1], np.int32)))
+    with pytest.raises(IndexError, match="label -1 with 4 classes"):  # a class label never counts from the end
+        ocl.table["softmax_cross_entropy"](loss, x, H.upload(ocl, np.array([0, -1, 1], np.int32)))
     assert np.array_equal(ocl.read(loss), np.full(3, 7.0, np.float32))
     out = H.upload(ocl, np.zeros((3, 2), np.float32))
     with pytest.raises(IndexError, match="index -5 on axis 1 of length 4"):

@@ -121,7 +121,7 @@ class OpenclDevice(Device):
         self._programs: dict[str, build.Program] = {}
         self._kernels: dict[tuple, object] = {}
         self._small_wg: dict = {}
-        self._scratch: dict[str, object] = {}
+        self._scratch: dict[tuple[str, int], object] = {}
         # a kernel's arguments are state of the kernel object: setting them and enqueueing is one step per thread
         self._launch_lock = threading.Lock()
         from singa_backend_opencl.table import kernels
@@ -245,10 +245,12 @@ class OpenclDevice(Device):
                                                 _NULL, _NULL), "clEnqueueFillBuffer")
 
     def scratch(self, name: str, nbytes: int):
-        """A small buffer the device keeps for flags and counters (a Buffer from the pool, reused)."""
-        buf = self._scratch.get(name)
+        """A small buffer the device keeps for flags and counters (a Buffer from the pool, reused), one per thread:
+        two threads checking indices at once must not share a flag."""
+        key = (name, threading.get_ident())
+        buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._scratch[name] = self.alloc(nbytes)
+            buf = self._scratch[key] = self.alloc(nbytes)
         return buf
 
     def dtype_error(self, kernel: str, dtype: int) -> UnsupportedDtypeError:

@@ -1,12 +1,12 @@
 """SINGA's `autograd` module: reverse-mode differentiation over `singa.ops`, with SINGA's Operator API.
 
 Calling an `Operator` records, for every input, the operator that produced it (its `creator`; a leaf gets a `Dummy`),
-and marks the outputs with `creator = op`, whatever the module flag `training` says: the graph's topology always exists,
-so that a forward pass run in evaluation mode can be exported (`sonnx.to_onnx`). The flag decides what the operators
-keep for the backward pass: while `training` is True they keep it, otherwise nothing (and backward through them
-fails). `backward(loss)` walks the graph from the loss, summing every gradient contribution of a tensor before the
-operator that produced it runs its own backward (dependency counting), and yields `(param, grad)` for each tensor with
-`stores_grad=True`.
+and marks the outputs with `creator = op`, whatever the flag `training` (one per thread) says: the graph's topology
+always exists, so that a forward pass run in evaluation mode can be exported (`sonnx.to_onnx`). The flag decides what
+the operators keep for the backward pass: while `training` is True they keep it, otherwise nothing (and backward
+through them fails). `backward(loss)` walks the graph from the loss, summing every gradient contribution of a tensor
+before the operator that produced it runs its own backward (dependency counting), and yields `(param, grad)` for each
+tensor with `stores_grad=True`.
 
 Every forward and backward computation goes through `singa.ops`, so it runs on whatever device the tensors live on.
 Our Tensor is also SINGA's raw data (`CTensor`): `forward` and `backward` take and return Tensors.
@@ -24,7 +24,11 @@ also an AssertionError, the type SINGA's own asserts raise, so scripts written f
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
+import sys
+import threading
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +41,44 @@ from singa import ops
 from singa.tensor import Tensor
 
 CTensor = Tensor  # SINGA's raw tensor type; here the Tensor is its own data
-training = False
+
+
+class _TrainingFlag(threading.local):
+    """SINGA's `autograd.training`, kept per thread (as PyTorch's grad mode): a model evaluated in one thread never
+    switches recording off for another. A new thread starts from the value the main thread set last.
+
+    Inside this module `training` is this object, whose truth is the calling thread's flag (`if training:`); from
+    outside, `autograd.training` reads and assigns the calling thread's flag through the module's property below."""
+
+    main_value = False  # class attribute: what the main thread set last, the start value of new threads
+
+    def __init__(self) -> None:
+        self.value = _TrainingFlag.main_value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def set(self, flag: Any) -> None:
+        self.value = flag = bool(flag)
+        if threading.current_thread() is threading.main_thread():
+            _TrainingFlag.main_value = flag
+
+
+training = _TrainingFlag()
+_op_ids = itertools.count()  # operator names stay unique when several threads create operators
+
+
+class _AutogradModule(types.ModuleType):
+    @property
+    def training(self) -> bool:
+        return training.value
+
+    @training.setter
+    def training(self, flag: Any) -> None:
+        training.set(flag)
+
+
+sys.modules[__name__].__class__ = _AutogradModule
 
 _FLOATS = frozenset(_dt.FLOATS + (_dt.float64,))
 _INTS = frozenset(_dt.INTS)
@@ -193,8 +234,9 @@ class Operator:
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            name = f"{type(self).__name__}#{Operator.op_count}"
-            Operator.op_count += 1
+            n = next(_op_ids)
+            name = f"{type(self).__name__}#{n}"
+            Operator.op_count = n + 1
         self.name = name
         self.src: list = []
         self.requires_grad = False
@@ -241,7 +283,7 @@ class Operator:
         if "_init_keys" not in d:
             # attributes set by __init__ (constructor arguments) survive _release; forward's saved tensors do not
             d["_init_keys"] = frozenset(d) | _BOOKKEEPING
-        record = training  # keep what backward needs (the topology is recorded either way)
+        record = training.value  # keep what backward needs (the topology is recorded either way)
         d.pop("_released", None)  # an instance may be called again (layers keep theirs)
         d["_no_grad"] = not record
         # An input needs a gradient when it requires one and someone will consume it: a stored leaf (parameter) or
@@ -2015,7 +2057,10 @@ def _class_target(x: Tensor, t: Any) -> Tensor:
         return t if t.dtype == x.dtype else ops.cast(t, x.dtype)
     if t.shape in ((N,), (N, 1)):
         t = ops.reshape(t, (N,))
-        return t if t.dtype in _INTS else ops.cast(t, _dt.int64)
+        if t.dtype in _INTS:
+            return t  # checked by the loss that reads them (ops.softmax_cross_entropy, _dense_target)
+        ops.check_labels("loss target", t, C)  # before the cast, which would truncate 2.5 and -0.5
+        return ops.cast(t, _dt.int64)
     raise ValueError(f"target of shape {t.shape} does not match predictions of shape {x.shape} (expected ({N},) "
                      f"labels or ({N}, {C}) one-hot / probabilities)")
 
@@ -2027,6 +2072,7 @@ def _dense_target(x: Tensor, t: Any) -> Tensor:
     if len(x.shape) == 2 and t.shape != x.shape:
         t = _class_target(x, t)
         if t.dtype in _INTS:
+            ops.check_labels("loss target", t, x.shape[1])
             ar = ops.from_numpy(np.arange(x.shape[1], dtype=np.int64).reshape(1, -1), x.device, _dt.int64)
             return ops.cast(ops.eq(ops.unsqueeze(ops.cast(t, _dt.int64), 1), ar), x.dtype)
         return t

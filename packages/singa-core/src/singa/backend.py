@@ -45,7 +45,7 @@ class Buffer:
         pool.bytes_cached += cls
         free = pool._cache.get(cls)
         if free is None:
-            pool._cache[cls] = [self.handle]
+            pool._cache.setdefault(cls, []).append(self.handle)  # setdefault: another thread may add the list too
         else:
             free.append(self.handle)
 
@@ -96,8 +96,9 @@ class MemoryPool:
 
     Sizes are rounded up to a size class (multiples of 512 bytes up to 1 MiB; above, eight classes per power of two,
     so at most 1/8 is wasted where powers of two would waste up to half) and freed blocks are kept per class for reuse; `empty_cache()` gives them back to the device. The pool relies on the GIL for its
-    bookkeeping (each step is a single list or attribute operation), which keeps allocation cheap enough for the
-    per-operation hot path.
+    bookkeeping, which keeps allocation cheap enough for the per-operation hot path: a block changes hands in one
+    list operation (`pop` / `append`), so threads sharing a device never get the same block; the byte counters are
+    plain attributes, exact in one thread and approximate while several threads allocate at once.
     """
 
     def __init__(self, raw_alloc: Callable[[int], Any], raw_free: Callable[[Any], None]):
@@ -124,11 +125,10 @@ class MemoryPool:
             step = 1 << ((nbytes - 1).bit_length() - 4)
             cls = (nbytes + step - 1) & -step
         self.num_requests += 1
-        free = self._cache.get(cls)
-        if free:
-            handle = free.pop()
+        try:
+            handle = self._cache[cls].pop()  # one atomic step: threads may share the pool
             self.bytes_cached -= cls
-        else:
+        except (KeyError, IndexError):
             handle = self._fresh(cls)
         used = self.bytes_in_use + cls
         self.bytes_in_use = used
@@ -240,8 +240,12 @@ class Device:
             cls = ((nbytes + 511) & ~511) or 512
             free = pool._cache.get(cls)
             if free:
+                try:
+                    handle = free.pop()
+                except IndexError:  # another thread took the last one since the test above
+                    handle, cls = pool.acquire(nbytes)
+                    return Buffer(handle, nbytes, self, cls)
                 pool.num_requests += 1
-                handle = free.pop()
                 pool.bytes_cached -= cls
                 used = pool.bytes_in_use + cls
                 pool.bytes_in_use = used

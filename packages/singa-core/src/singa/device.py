@@ -24,14 +24,14 @@ _default: Device | None = None
 
 def parse_device_spec(spec: str) -> tuple[str, int]:
     """'cuda:1' -> ('cuda', 1); 'cpu' -> ('cpu', 0)."""
-    name, _, idx = spec.strip().partition(":")
+    name, colon, idx = spec.strip().partition(":")
     if not name:
         raise ValueError(f"empty device name in {spec!r}")
-    try:
-        index = int(idx) if idx else 0
-    except ValueError:
-        raise ValueError(f"device index in {spec!r} is not an integer") from None
-    return name.lower(), index
+    if not colon:
+        return name.lower(), 0
+    if not (idx.isascii() and idx.isdigit()):  # 'cpu:' and 'cpu:abc' alike; no sign, blanks or underscores
+        raise ValueError(f"device index in {spec!r} is not an integer N >= 0 (write 'name' or 'name:N')")
+    return name.lower(), int(idx)
 
 
 def get_device(spec: str) -> Device:

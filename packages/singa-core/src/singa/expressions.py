@@ -94,6 +94,23 @@ def _cdiv(a, b):
         return a / b
 
 
+def _floordiv(a, b):
+    # Python's //: numpy's floor_divide for floats; for integers exact, x // 0 == 0 and x // -1 == -x (wrapping)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if np.issubdtype(a.dtype, np.integer):
+            safe = np.where((b == 0) | (b == -1), 1, b)
+            q = np.where(b == -1, -a, np.floor_divide(a, safe))
+            return np.where(b == 0, 0, q).astype(a.dtype)
+        return np.floor_divide(a, b)
+
+
+# floor((a - fmod(a, b)) / b) as numpy computes it (npy_divmod): exact where floor(a / b) would round the quotient
+# first (1e-6 // -34 is -1, not -0; large quotients keep their last integer)
+_FLOORDIV_Q = "((a - fmod(a, b)) / b - ((fmod(a, b) != 0 && ((fmod(a, b) < 0) != (b < 0))) ? 1 : 0))"
+_FLOORDIV = (f"(b == 0 ? a / b : ({_FLOORDIV_Q} != 0 ? ({_FLOORDIV_Q} - floor({_FLOORDIV_Q}) > 0.5 ? "
+             f"floor({_FLOORDIV_Q}) + 1 : floor({_FLOORDIV_Q})) : 0 * (a / b)))")
+
+
 def _cfmod(a, b):
     if np.issubdtype(a.dtype, np.integer):
         safe = np.where((b == 0) | (b == -1), 1, b)
@@ -189,6 +206,9 @@ BINARY = [
     E("mod", 2, "(fmod(a, b) != 0 && ((fmod(a, b) < 0) != (b < 0)) ? fmod(a, b) + b : fmod(a, b))", _pymod, NUMERIC,
       int_expr="((b == 0 || b == -1) ? 0 : ((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b))", domain=(0.5, 3.0),
       doc="Python modulo: the result has the sign of the divisor"),
+    E("floor_divide", 2, _FLOORDIV, _floordiv, NUMERIC, domain=(0.5, 3.0),
+      int_expr="(b == 0 ? 0 : (b == -1 ? -a : a / b - ((a % b != 0 && ((a % b < 0) != (b < 0))) ? 1 : 0)))",
+      doc="Python floor division: floor(a / b) computed exactly (numpy's floor_divide)"),
     E("prelu", 2, "(a < 0 ? b * a : a)", lambda a, b: np.where(a < 0, b * a, a), doc="a: input, b: slope"),
     E("logical_and", 2, "(a && b)", np.logical_and, (dt.bool_,), out_bool=True),
     E("logical_or", 2, "(a || b)", np.logical_or, (dt.bool_,), out_bool=True),

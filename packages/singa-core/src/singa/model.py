@@ -14,36 +14,35 @@ model then warns once and keeps running eagerly. A step that creates or replaces
 initialises itself lazily inside `train_one_batch`) is recorded again at the next call.
 
 Checkpoints (`save_states` / `load_states`) are zip files holding one .npy per tensor and a JSON manifest (names,
-dtypes, shapes, format version); nothing is pickled. A checkpoint is written to a temporary file next to the target,
-synced to disk, then renamed over it, so an interrupted or failed save leaves the previous checkpoint intact.
+dtypes, shapes, format version); nothing is pickled. `singa.checkpoint` writes them atomically (an interrupted or
+failed save leaves the previous checkpoint intact; what a killed save left behind is removed by the next save or load)
+and reads them defensively (a damaged file raises `CheckpointError`, naming the file and the problem).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import sys
-import tempfile
 import warnings
-import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from singa import autograd, layer, profiling
+from singa import autograd, checkpoint, layer, profiling
 from singa import dtypes as _dt
 from singa import graph as _graph
 from singa.backend import View
 from singa.distopt import DistOpt
 from singa.tensor import Tensor
 
-__all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
+__all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError"]
 
-CHECKPOINT_FORMAT = "singa-checkpoint"
-CHECKPOINT_VERSION = 2  # 2: optimizer states in SINGA's groups (entries carry "group")
+CHECKPOINT_FORMAT = checkpoint.FORMAT
+CHECKPOINT_VERSION = checkpoint.VERSION
+CheckpointError = checkpoint.CheckpointError
 _MAX_RECORD_ATTEMPTS = 3
 
 
@@ -388,7 +387,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
                 except (TypeError, ValueError):
                     raise TypeError(f"save_states: aux state {name!r} is a {type(v).__name__}; use a Tensor, a numpy "
                                     "array or a JSON value") from None
-        _atomic_write(os.fspath(fpath), manifest, data)
+        checkpoint.write(fpath, manifest, data)
 
     def load_states(self, fpath: str | os.PathLike) -> dict[str, Any]:
         """Restore a checkpoint written by save_states (in place, into the existing tensors); returns aux_states.
@@ -397,7 +396,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
         changed.
         """
         fpath = os.fspath(fpath)
-        manifest, arrays = _read_checkpoint(fpath)
+        manifest, arrays = checkpoint.read(fpath)
         current = self.get_states()
         if not current:
             raise RuntimeError(f"load_states({fpath!r}): {type(self).__name__} has no parameters yet; call "
@@ -461,65 +460,3 @@ def _optimizer_states(manifest: dict, arrays: list[tuple[dict, np.ndarray]]) -> 
         else:
             out[name] = a
     return out
-
-
-def _write_array(f: Any, arr: np.ndarray) -> None:
-    # (np.ascontiguousarray would turn a 0-d array into shape (1,))
-    np.lib.format.write_array(f, np.array(arr, order="C", copy=not arr.flags.c_contiguous), allow_pickle=False)
-
-
-def _atomic_write(fpath: str, manifest: dict, data: list[np.ndarray]) -> None:
-    folder = os.path.dirname(os.path.abspath(fpath))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(fpath) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for entry, arr in zip(manifest["arrays"], data):
-                    with zf.open(entry["file"], "w", force_zip64=True) as member:
-                        _write_array(member, arr)
-                zf.writestr("manifest.json", json.dumps(manifest, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(fpath).st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, fpath)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def _read_checkpoint(fpath: str) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
-    try:
-        zf = zipfile.ZipFile(fpath, "r")
-    except zipfile.BadZipFile:
-        raise ValueError(f"load_states({fpath!r}): not a zip file (not a SINGA checkpoint, or a damaged one)") from None
-    with zf:
-        try:
-            manifest = json.loads(zf.read("manifest.json"))
-        except KeyError:
-            raise ValueError(f"load_states({fpath!r}): no manifest.json (not a SINGA checkpoint)") from None
-        if manifest.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"load_states({fpath!r}): format {manifest.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
-        version = manifest.get("version")
-        if not isinstance(version, int) or version > CHECKPOINT_VERSION:
-            raise ValueError(f"load_states({fpath!r}): checkpoint format version {version!r} is newer than this "
-                             f"singa reads ({CHECKPOINT_VERSION}); upgrade singa")
-        out = []
-        for e in manifest.get("arrays", []):
-            with zf.open(e["file"]) as f:
-                a = np.lib.format.read_array(f, allow_pickle=False)
-            if str(a.dtype) != e["dtype"] or list(a.shape) != list(e["shape"]):
-                raise ValueError(f"load_states({fpath!r}): entry {e['name']!r} is {a.dtype}{list(a.shape)}, the "
-                                 f"manifest says {e['dtype']}{e['shape']} (damaged checkpoint)")
-            out.append((e, a))
-    return manifest, out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from singa import dtypes as _dt
+from singa import graph as _graph
 from singa.backend import Device, View
 from singa.expressions import TABLE as _TABLE
 from singa.tensor import Tensor
@@ -113,10 +115,27 @@ def _shape_arg(op: str, shape: Any) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        out = tuple(int(d) for d in shape)
+        out = tuple(operator.index(d) for d in shape)  # 2.5 is refused, not truncated (as numpy does)
     except TypeError:
-        raise TypeError(f"{op}: shape must be a sequence of ints, got {shape!r}") from None
+        raise TypeError(f"{op}: shape must be a sequence of integers, got {shape!r}") from None
     return out
+
+
+MAX_BYTES = 2**63 - 1  # the largest byte count a device allocation can be asked for (a signed 64-bit size)
+
+
+def alloc_for(op: str, shape: tuple, dtype: int, device: Device):
+    """Device memory for a new contiguous tensor of `shape` (validated dims): a byte size that overflows, or memory
+    the device cannot give, is an error naming the shape."""
+    nbytes = math.prod(shape) * _dt.itemsize(dtype)
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{op}: shape {shape} of {_name(dtype)} needs {nbytes} bytes, more than any device can "
+                         f"allocate ({MAX_BYTES})")
+    try:
+        return device.alloc(nbytes)
+    except (MemoryError, OverflowError) as exc:
+        raise MemoryError(f"{op}: cannot allocate a {_name(dtype)} tensor of shape {shape} ({nbytes} bytes) on "
+                          f"{device.name}: {exc}") from None
 
 
 def _entry_dtypes(entry) -> frozenset:
@@ -138,7 +157,7 @@ def empty(shape: Sequence[int], dtype: int = float32, device: Device | None = No
         raise ValueError(f"empty: negative dimension in shape {shape}")
     device = _default_device() if device is None else device
     _device_dtype("empty", dtype, device)
-    return _empty(shape, dtype, device)
+    return _wrap(alloc_for("empty", shape, dtype, device), dtype, shape, _meta(shape)[0], 0, device)
 
 
 def full(shape: Sequence[int], value: Any, dtype: int = float32, device: Device | None = None) -> Tensor:
@@ -608,13 +627,10 @@ def clip(x: Tensor, min: float | None = None, max: float | None = None, out: Ten
     return unary("clip", x, lo, hi, out=out)
 
 
-def floor_divide(a: Any, b: Any) -> Tensor:
-    """Python's `//`: floor(a / b) for floats; for integers (a - a mod b) / b, exact (x // 0 gives 0)."""
-    like = a if isinstance(a, Tensor) else b
-    _tensor("floor_divide", like)
-    if like.dtype in _FLOATS:
-        return floor(div(a, b))
-    return div(sub(a, mod(a, b)), b)
+def floor_divide(a: Any, b: Any, out: Tensor | None = None) -> Tensor:
+    """Python's `//` (numpy's floor_divide): floor(a / b) without rounding the quotient first; integers exact, x // 0
+    gives 0."""
+    return binary("floor_divide", a, b, out)
 
 
 def where(cond: Tensor, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
@@ -1684,6 +1700,30 @@ def log_softmax_backward(dy: Tensor, y: Tensor, axis: int = -1) -> Tensor:
     return _softmax_grad("log_softmax_backward", dy, y, axis)
 
 
+def check_labels(op: str, labels: Tensor, classes: int) -> None:
+    """Class labels must be whole numbers in [0, classes): else an error naming the first bad label and its position
+    (no wrapping of -1 to the last class, no truncation of 2.5). The check reads the labels on the host; in a step
+    recorded for graph mode it is part of the graph and runs at every replay (`graph.host_check`), on every backend."""
+    _tensor(op, labels, "labels")
+
+    def check(view: Any) -> None:
+        arr = view.buffer.device.read(view).reshape(-1)
+        if arr.dtype.kind == "f":
+            whole = np.isfinite(arr) & (np.floor(arr) == arr)
+            if not whole.all():
+                i = int(np.argmin(whole))
+                raise ValueError(f"{op}: label {arr[i].item()!r} at position {i} is not a whole number (class labels "
+                                 f"are integers in [0, {classes}))")
+        bad = (arr < 0) | (arr >= classes)
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = arr[i].item()
+            raise IndexError(f"{op}: label {int(v) if float(v).is_integer() else v} at position {i} is outside "
+                             f"[0, {classes}) ({classes} classes)")
+
+    _graph.host_check(f"{op}:check_labels", check, labels)
+
+
 def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
     _tensor(op, x, "x")
     _tensor(op, target, "target")
@@ -1697,6 +1737,7 @@ def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
             target = reshape(target, (N,))
         if target.shape != (N,):
             raise ValueError(f"{op}: label target shape {target.shape} does not match x {x.shape} (expected ({N},))")
+        check_labels(op, target, C)
     else:
         _same_dtype(op, x, target)
         if target.shape != (N, C):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -76,9 +77,9 @@ def _as_shape(shape: Any) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        out = tuple(int(d) for d in shape)
+        out = tuple(operator.index(d) for d in shape)  # 2.5 is refused, not truncated (as numpy does)
     except TypeError:
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+        raise TypeError(f"shape must be a sequence of integers, got {shape!r}") from None
     if any(d < 0 for d in out):
         raise ValueError(f"negative dimension in shape {out}")
     return out
@@ -144,7 +145,7 @@ class Tensor:
             shp = _as_shape(shape if shape is not None else ())
             code = _as_dtype(dtype)
         strides, n = _ops._meta(shp)
-        self.buffer = dev.alloc(n * _dt.itemsize(code))
+        self.buffer = _ops.alloc_for("Tensor", shp, code, dev)
         self.dtype = code
         self.shape = shp
         self.strides = strides
@@ -284,14 +285,28 @@ class Tensor:
 
     # -- writing data ------------------------------------------------------------------------------------------------
     def set_value(self, x: Any, inplace: builtins.bool = True) -> Tensor:
-        """Set every element to x (in place unless inplace=False, which returns a new tensor)."""
+        """Set every element to x (in place unless inplace=False, which returns a new tensor). x is a number, or an
+        array / Tensor whose shape broadcasts to this tensor's (numpy's rule; anything else is an error)."""
         t = self if inplace else _ops.empty(self.shape, self.dtype, self.device)
-        _ops.fill(t, x)
+        if isinstance(x, (np.ndarray, list, tuple, Tensor)):
+            shape = tuple(x.shape if isinstance(x, Tensor) else np.shape(x))
+            try:
+                fits = np.broadcast_shapes(shape, self.shape) == self.shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ValueError(f"set_value: values of shape {shape} do not broadcast to the tensor's shape "
+                                 f"{self.shape}")
+            _ops.assign(t, x)
+        else:
+            _ops.fill(t, x)
         return t
 
     def copy_from_numpy(self, np_array: Any, offset: int = 0) -> Tensor:
-        """Copy host data into this tensor's elements, starting at element `offset` (row-major order)."""
+        """Copy host data into this tensor's elements (row-major order): as many values as the tensor holds, or,
+        from element `offset` > 0 on, any number that fits (a short batch never leaves stale rows behind)."""
         arr = np.asarray(np_array)
+        offset = _copy_offset("copy_from_numpy", offset, arr.size, self)
         npdt = _dt.to_numpy_dtype(self.dtype)
         if np.can_cast(arr.dtype, npdt, "same_kind") or (
                 arr.dtype.kind == "f" and npdt.kind in "ib" and np.all(np.trunc(arr) == arr)):
@@ -300,10 +315,6 @@ class Tensor:
         else:
             raise TypeError(f"copy_from_numpy: cannot copy {arr.dtype} data into a {_dt.name(self.dtype)} tensor "
                             "without losing values (convert the array or the tensor first)")
-        n = self.size()
-        if offset < 0 or offset + flat.size > n:
-            raise ValueError(f"copy_from_numpy: {flat.size} elements at offset {offset} do not fit in a tensor of "
-                             f"shape {self.shape} ({n} elements)")
         if flat.size == 0:
             return self
         dev = self.device
@@ -326,9 +337,9 @@ class Tensor:
         return self
 
     def copy_from(self, t: Tensor | np.ndarray, offset: int = 0) -> Tensor:
-        """Copy from a Tensor or a numpy array into this tensor, starting at element `offset`."""
+        """Copy from a Tensor or a numpy array into this tensor: all its elements, or from element `offset` > 0 on."""
         if isinstance(t, Tensor):
-            copy_data_to_from(self, t, t.size(), offset, 0)
+            copy_data_to_from(self, t, t.size(), _copy_offset("copy_from", offset, t.size(), self), 0)
         elif isinstance(t, np.ndarray):
             self.copy_from_numpy(t, offset)
         else:
@@ -547,6 +558,23 @@ class Tensor:
 PlaceHolder = Tensor
 
 
+def _copy_offset(op: str, offset: Any, count: int, dst: Tensor) -> int:
+    """The checked element offset of a copy of `count` values into dst: from 0 they must fill dst exactly, from a
+    positive offset they must fit."""
+    try:
+        offset = operator.index(offset)
+    except TypeError:
+        raise TypeError(f"{op}: offset must be an integer, got {offset!r}") from None
+    n = dst.size()
+    if offset == 0 and count != n:
+        raise ValueError(f"{op}: {count} values for a tensor of shape {dst.shape} ({n} elements); the sizes must "
+                         "match (pass offset= to write part of the tensor)")
+    if offset < 0 or offset + count > n:
+        raise ValueError(f"{op}: {count} values at offset {offset} do not fit in a tensor of shape {dst.shape} "
+                         f"({n} elements)")
+    return offset
+
+
 def _rebuild(arr, dtype, device_name, requires_grad, stores_grad, name):
     return Tensor(device=device_name, dtype=dtype, data=arr, requires_grad=requires_grad, stores_grad=stores_grad,
                   name=name)
@@ -594,8 +622,12 @@ def _host_device() -> Device:
 
 
 def _compare(name: str, a: Any, b: Any) -> Tensor:
+    """A comparison as SINGA gives it: 0/1 in the operands' dtype (the promoted one for two tensors of different
+    kinds), bool for bool operands."""
     r = _ops.binary(name, a, b)
     like = a if isinstance(a, Tensor) else b
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and _ops._kind(b.dtype) > _ops._kind(a.dtype):
+        like = b
     return r if like.dtype == _dt.bool_ else _ops.cast(r, like.dtype)
 
 

@@ -763,8 +763,10 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
     return kernel
 
 
-def _check_indices(dev, idx, count: int, length: int, error: Callable[[int], Exception]) -> None:
-    """Raise error(value) for the first index of `idx` outside [-length, length). The check kernel lowers a flag to
+def _check_indices(dev, idx, count: int, length: int, error: Callable[[int], Exception],
+                   lo: int | None = None) -> None:
+    """Raise error(value) for the first index of `idx` outside [lo, length) (lo = -length by default: indices may
+    count from the end; class labels pass 0). The check kernel lowers a flag to
     the first bad position. A device with `deferred_flag(error)` (CUDA) hands out a flag that it reads back at the
     next synchronisation, as the conformance suite allows an asynchronous device to; otherwise the flag is read back
     at once, so that the error comes from the kernel call that caused it, before any output is touched."""
@@ -781,7 +783,8 @@ def _check_indices(dev, idx, count: int, length: int, error: Callable[[int], Exc
         flag = dev.scratch("index-flag", 4)
         dev.fill_bytes(flag.handle, 0, PU32(_INT_MAX), 4)
     dev.launch(dev.kernel(f"index:{SUFFIX[idx.dtype]}", "sg_check_indices"), count,
-               (I64(count), I64(length), idx.buffer.handle.arg, I64(idx.offset), flag.handle.arg))
+               (I64(count), I64(-length if lo is None else lo), I64(length), idx.buffer.handle.arg, I64(idx.offset),
+                flag.handle.arg))
     if deferred is not None:
         return
     pos = int(dev.read(View(flag, I32_, ())))
@@ -796,7 +799,9 @@ def _xent_check(name: str, x, target, views) -> tuple[int, int]:
             raise _dtype_error(name, views, FLOATS)
     n, c = kernel_checks.xent_dims(backend_of(views), name, x, target, views, FLOATS, (I32_, I64_))
     if target.dtype in (I32_, I64_):
-        _check_indices(dev, target, n, c, lambda bad: kernel_checks.label_error(backend_of(views), name, views, bad, c))
+        # class labels never count from the end
+        _check_indices(dev, target, n, c, lambda bad: kernel_checks.label_error(backend_of(views), name, views, bad, c),
+                       lo=0)
     return n, c
 
 
