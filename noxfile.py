@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "packages" / "singa-core"
 CPU = ROOT / "packages" / "singa-backend-cpu"
 OPENCL = ROOT / "packages" / "singa-backend-opencl"
+NCCL = ROOT / "packages" / "singa-comm-nccl"
+CUDA = ROOT / "packages" / "singa-backend-cuda"
+# What the CUDA backend's tests need without a GPU: NVRTC compiles every kernel for sm_80 and sm_90. cuBLAS and cuDNN
+# (hundreds of MB each) are left out; the backend loads them lazily and its device tests skip without a GPU.
+CUDA_TEST_REQUIREMENTS = ["nvidia-cuda-nvrtc>=13.0"]
 TEST_PLUGINS = ROOT / "tests" / "plugins"
 
 nox.needs_version = ">=2024.3.2"
@@ -31,6 +36,10 @@ ONNX_REQUIREMENTS = ["onnx==1.23.2", "onnxruntime==1.31.1"]
 DEMO_REQUIREMENTS = ["scikit-learn", "matplotlib", *ONNX_REQUIREMENTS]
 RUFF = "ruff==0.17.6"
 PYTEST = "pytest>=7"
+HYPOTHESIS = "hypothesis>=6.100"  # the property tests (tests/test_fuzz_*.py)
+# singa-core's `mpi` extra: the distributed tests and benchmarks run real ranks with OpenMPI's mpiexec (.ci/run
+# installs OpenMPI from Debian; mpi4py's wheel loads that library)
+MPI4PY = "mpi4py>=4"
 
 
 def _load_toml(path: Path) -> dict | None:
@@ -57,7 +66,7 @@ def _build_requires(paths: list[Path]) -> list[str]:
 
 
 def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_opencl: bool = False,
-              with_onnx: bool = False) -> list[Path]:
+              with_onnx: bool = False, with_nccl: bool = False) -> list[Path]:
     paths = [CORE]
     if with_onnx:
         paths.append(ROOT / "packages" / "singa-onnx")
@@ -66,6 +75,9 @@ def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_openc
     if with_opencl:
         # pure Python: without an OpenCL platform it installs anyway and reports no devices (its tests then skip)
         paths.append(OPENCL)
+    if with_nccl:
+        # pure Python + cffi ABI: installs (with NVIDIA's NCCL wheel) and imports without a GPU; its GPU tests skip
+        paths.append(NCCL)
     if with_test_plugins:
         # singa-plugin-broken is not installed: tests/test_plugins.py exposes it to its own subprocesses only
         paths += [TEST_PLUGINS / "singa-plugin-hostmem"]
@@ -73,10 +85,10 @@ def _packages(with_cpu: bool = True, with_test_plugins: bool = False, with_openc
 
 
 def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with_test_plugins: bool = False,
-                  with_opencl: bool = False, with_onnx: bool = False) -> None:
-    """Install singa-core (+ the CPU backend, + the test plugins, + the OpenCL backend) from this checkout, and
-    `extra` requirements."""
-    paths = _packages(with_cpu, with_test_plugins, with_opencl, with_onnx)
+                  with_opencl: bool = False, with_onnx: bool = False, with_nccl: bool = False) -> None:
+    """Install singa-core (+ the CPU backend, + the test plugins, + the OpenCL backend, + the NCCL communicator) from
+    this checkout, and `extra` requirements."""
+    paths = _packages(with_cpu, with_test_plugins, with_opencl, with_onnx, with_nccl)
     for p in paths:
         if not (p / "pyproject.toml").is_file():
             session.error(f"{p.relative_to(ROOT)} has no pyproject.toml")
@@ -86,6 +98,14 @@ def install_singa(session: nox.Session, *extra: str, with_cpu: bool = True, with
     session.install("--upgrade", "pip", *_build_requires(paths))
     # No build isolation: the build requirements are in the venv already, which keeps builds fast and offline-safe.
     session.install("--no-build-isolation", *(str(p) for p in paths), *extra)
+
+
+def install_cuda_for_tests(session: nox.Session) -> None:
+    """The CUDA backend without its large runtime wheels (see CUDA_TEST_REQUIREMENTS)."""
+    for stale in (CUDA / "build").glob("lib*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    session.install("--no-build-isolation", "--no-deps", str(CUDA))
+    session.install(*CUDA_TEST_REQUIREMENTS)
 
 
 def _pytest(session: nox.Session, *args: str) -> bool:
@@ -106,8 +126,9 @@ def tests(session: nox.Session) -> None:
     # singa-onnx with the onnx / onnxruntime it is tested against (tests/test_onnx_*.py, the onnx backend suite)
     # torch (optimizer references), scikit-learn and matplotlib (the demo's data and plot): without them those tests
     # would skip, and a skip must never hide a failure in CI
-    install_singa(session, PYTEST, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib", with_test_plugins=True,
-                  with_opencl=True, with_onnx=True)
+    install_singa(session, PYTEST, HYPOTHESIS, MPI4PY, *ONNX_REQUIREMENTS, TORCH, "scikit-learn", "matplotlib",
+                  with_test_plugins=True, with_opencl=True, with_onnx=True, with_nccl=True)
+    install_cuda_for_tests(session)
     session.run("python", "-m", "singa", "info")
     session.chdir(ROOT)
     failed = []
@@ -135,7 +156,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against numpy and PyTorch (CPU); rewrites docs/performance.md. `-- --quick` for a short run."""
-    install_singa(session, TORCH, "scikit-learn", *ONNX_REQUIREMENTS, with_opencl=True, with_onnx=True)
+    install_singa(session, TORCH, MPI4PY, "scikit-learn", *ONNX_REQUIREMENTS, with_opencl=True, with_onnx=True)
     session.chdir(ROOT)
     command = " ".join(["nox", "-s", "bench", *(["--", *session.posargs] if session.posargs else [])])
     session.run("python", "benchmarks/run_all.py", "--output", "docs/performance.md", "--command", command,

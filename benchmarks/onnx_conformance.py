@@ -29,7 +29,7 @@ TARGETS = {"node": 1200, "real (light models)": 9, "simple": 17, "pytorch-conver
 SECTION = "## ONNX conformance"
 
 
-def run(device_spec: str = "cpu", pattern: str | None = None) -> dict:
+def run(device_spec: str = "cpu", pattern: str | None = None, categories: list[str] | None = None) -> dict:
     import onnx
     import onnx.backend.test
     import onnxruntime
@@ -47,6 +47,10 @@ def run(device_spec: str = "cpu", pattern: str | None = None) -> dict:
         def prepare(cls, model, device="CPU", **kwargs):
             return SingaBackend.prepare(model, dev, **kwargs)
 
+        @classmethod
+        def supports_device(cls, device: str) -> bool:
+            return True  # onnx's cases are labelled CPU; they run on `dev` whatever it is
+
     rules = excluded(dev)
     t0 = time.perf_counter()
     bt = onnx.backend.test.BackendTest(Bound, __name__)
@@ -57,6 +61,8 @@ def run(device_spec: str = "cpu", pattern: str | None = None) -> dict:
            "categories": {}, "excluded": [], "failed": []}
     t1 = time.perf_counter()
     for cname, label in CATEGORIES:
+        if categories and label.split()[0] not in categories:
+            continue
         cls = cases[cname]
         counts = collections.Counter()
         for name in sorted(n for n in dir(cls) if n.startswith("test_") and n.endswith("_cpu")):
@@ -129,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="singa device spec (default: cpu)")
     p.add_argument("--output", default=str(ROOT / "docs" / "conformance.md"), help="page to update, or - to print")
     p.add_argument("-k", "--pattern", default=None, help="only cases whose name matches this regular expression")
+    p.add_argument("--category", action="append", choices=[label.split()[0] for _, label in CATEGORIES],
+                   help="only this category (repeatable): node, real, simple, pytorch-converted, pytorch-operator")
     args = p.parse_args(argv)
-    res = run(args.device, args.pattern)
+    res = run(args.device, args.pattern, args.category)
     command = "python benchmarks/onnx_conformance.py" + (f" --device {args.device}" if args.device != "cpu" else "")
     text = markdown(res, command)
     if args.output == "-":

@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                          # print the report
     python benchmarks/run_all.py --output docs/performance.md
     nox -s bench                                          # the same, in a fresh venv with torch (writes the doc)
+    python benchmarks/run_all.py --only bench_dist --output docs/performance.md   # re-measure some tables only
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import train_cnn
 import train_resnet
 
 import bench_conv
+import bench_dist
 import bench_elementwise
 import bench_matmul
 import bench_onnx
@@ -25,8 +27,9 @@ import bench_pool
 import benchlib
 
 # OpenCL last: PoCL's worker threads outlive its benchmark and slowed the CPU backend's kernels after it 1.5-2x.
+# bench_dist runs its ranks in mpiexec subprocesses (a table saying why not, without mpiexec or mpi4py).
 BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench_conv, train_cnn, train_resnet,
-              bench_onnx, bench_opencl]
+              bench_onnx, bench_dist, bench_opencl]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
@@ -57,7 +60,7 @@ def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: 
         "python benchmarks/run_all.py",
         "# one table at a time",
     ]
-    out += [f"python benchmarks/{t.script}" for t in tables]
+    out += [f"python benchmarks/{s}" for s in dict.fromkeys(t.script for t in tables)]
     out += ["```", "", "`SINGA_DEVICE` selects the singa device measured (default: cpu); `--quick`: a short smoke run.",
             ""]
     for t in tables:
@@ -67,13 +70,68 @@ def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: 
     return "\n".join(out).rstrip() + "\n"
 
 
+def splice(existing: str, tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str,
+           busy: str | None) -> str:
+    """`existing` with the sections of `tables` replaced (or appended), each saying when and where it was measured,
+    since the rest of the report comes from another run."""
+    fact = dict(facts)
+    load = fact.get("load average (1, 5, 15 min) at start")
+    when = (f"Measured on its own by `{command}` on {fact.get('date')}: CPU {fact.get('CPU')}, "
+            f"{fact.get('cores usable by this process')} cores, load average {load} at start"
+            + (f". {busy[0].upper()}{busy[1:]}" if busy else "."))
+    text = existing.rstrip() + "\n"
+    for t in tables:
+        section = [f"## {t.title}", "", f"`python benchmarks/{t.script}`", "", t.markdown(), ""]
+        for note in t.notes:
+            section += [note, ""]
+        section += [when, ""]
+        body = "\n".join(section)
+        head = f"## {t.title}\n"
+        start = text.find(head)
+        if start < 0:
+            text = text.rstrip() + "\n\n" + body
+        else:
+            end = text.find("\n## ", start + len(head))
+            text = text[:start] + body + ("\n" + text[end + 1:] if end >= 0 else "")
+        line = f"python benchmarks/{t.script}\n"
+        if line not in text:  # the how-to-reproduce block lists every script
+            fence = text.find("```\n", text.find("## How to reproduce"))
+            text = text[:fence] + line + text[fence:]
+    return text.rstrip() + "\n"
+
+
+def kept_sections(existing: str) -> str:
+    """The sections of an existing report that this run cannot measure and keeps: the GPU section, written by
+    benchmarks/gpu_check.py on a GPU machine."""
+    import gpu_check
+
+    start = existing.find(gpu_check.SECTION)
+    if start < 0:
+        return ""
+    end = existing.find("\n## ", start + len(gpu_check.SECTION))
+    return "\n" + existing[start:end + 1 if end >= 0 else len(existing)].rstrip() + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run the SINGA benchmarks and write the performance report.")
     parser.add_argument("--output", type=Path, help="write the markdown report here (default: print it)")
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke test)")
     parser.add_argument("--command", default="python benchmarks/run_all.py",
                         help="the command line to record in the report")
+    parser.add_argument("--only", nargs="+", metavar="SCRIPT",
+                        help="run these benchmarks only (e.g. bench_dist); with --output, replace their sections of "
+                             "the existing report and keep the others")
     args = parser.parse_args()
+    modules = BENCHMARKS
+    if args.only:
+        names = {Path(m.__file__).stem: m for m in BENCHMARKS}
+        unknown = [n for n in args.only if n.removesuffix(".py") not in names]
+        if unknown:
+            parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        modules = [names[n.removesuffix(".py")] for n in args.only]
+        if args.command == parser.get_default("command"):
+            args.command = " ".join(["python benchmarks/run_all.py", "--only", *args.only]
+                                    + (["--output", str(args.output)] if args.output else []))
 
     t0 = time.perf_counter()
     facts = benchlib.machine_facts()
@@ -81,13 +139,19 @@ def main() -> int:
     if busy:
         print(f"warning: {busy}", file=sys.stderr)
     tables = []
-    for mod in BENCHMARKS:
+    for mod in modules:
         name = Path(mod.__file__).name
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        t = mod.run(quick=args.quick)
-        print(f"### {t.title}\n\n{t.markdown()}\n", flush=True)
-        tables.append(t)
-    text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0, busy)
+        result = mod.run(quick=args.quick)
+        for t in result if isinstance(result, list) else [result]:  # a module may measure several tables
+            print(f"### {t.title}\n\n{t.markdown()}\n", flush=True)
+            tables.append(t)
+    if args.only and args.output and args.output.is_file():
+        text = splice(args.output.read_text(), tables, facts, args.command, busy)
+    else:
+        text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0, busy)
+        if args.output and args.output.is_file():
+            text += kept_sections(args.output.read_text())
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)

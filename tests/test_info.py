@@ -225,7 +225,10 @@ def test_communicators_listed(tmp_path):
         """)
     rep = info_json(pythonpath=path)
     assert {"name": "loopback", "distribution": "singa-test-comm", "version": "0.0.1",
-            "entry_point": "singa_test_comm"} in rep["communicators"]
+            "entry_point": "singa_test_comm"} in rep["communicators"]  # no status()/info(): nothing more reported
+    mpi = next(c for c in rep["communicators"] if c["name"] == "mpi")
+    assert mpi["entry_point"] == "singa.mpi"
+    assert mpi["status"] is None or "mpi4py" in mpi["status"]
     assert "loopback: singa-test-comm 0.0.1" in run_info("info", pythonpath=path).stdout
 
 

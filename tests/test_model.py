@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import CNN, MLP
 
-from singa import autograd, device, graph, layer, model, opt, tensor
+from singa import autograd, checkpoint, device, graph, layer, model, opt, tensor
 from singa.tensor import Tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
@@ -401,10 +401,13 @@ def test_checkpoint_round_trip(dev, tmp_path):
     assert np.array_equal(got["t"].to_numpy(), np.ones((2, 2)))
     # the optimizer's moments and step counter came along
     s1, s2 = m.optimizer.get_states(), m2.optimizer.get_states()
-    assert s1.keys() == s2.keys()
-    assert "linear1.W/m" in s1
-    for k in s1:
-        np.testing.assert_array_equal(np.asarray(s1[k]), np.asarray(s2[k]))
+    assert s1.keys() == s2.keys() == {"step_counter", "m", "v"}  # SINGA's keys for Adam
+    assert s1["step_counter"] == s2["step_counter"] > 0
+    for group in ("m", "v"):
+        assert s1[group].keys() == s2[group].keys()
+        assert "linear1.W" in s1[group]
+        for k in s1[group]:
+            np.testing.assert_array_equal(np.asarray(s1[group][k]), np.asarray(s2[group][k]))
 
 
 def test_checkpoint_format_is_npy_and_json(dev, tmp_path):
@@ -466,7 +469,7 @@ def test_failed_save_keeps_the_previous_checkpoint(dev, tmp_path, monkeypatch):
 
     m2 = _trained(dev, n=3)
     calls = {"n": 0}
-    real = model._write_array
+    real = checkpoint._write_array
 
     def failing(f, arr):
         calls["n"] += 1
@@ -474,7 +477,7 @@ def test_failed_save_keeps_the_previous_checkpoint(dev, tmp_path, monkeypatch):
             raise OSError("disk full (simulated)")
         real(f, arr)
 
-    monkeypatch.setattr(model, "_write_array", failing)
+    monkeypatch.setattr(checkpoint, "_write_array", failing)
     with pytest.raises(OSError, match="simulated"):
         m2.save_states(path, aux_states={"epoch": 3})
     assert calls["n"] == 3  # it did fail mid-way
@@ -532,3 +535,40 @@ def test_load_errors_name_the_problems(dev, tmp_path):
     (tmp_path / "junk.zip").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="not a zip"):
         m.load_states(tmp_path / "junk.zip")
+
+
+def test_version_1_checkpoints_keep_loading(dev, tmp_path):
+    """Format 1 named optimizer states '<param>/<state>' with the old state names; they load into SINGA's groups."""
+    m = MLP()
+    m.optimizer = opt.SGD(lr=0.05, momentum=0.9)
+    data = _mlp_data(2)
+    tx, ty = Tensor(data[0][0].shape, dev), Tensor(data[0][1].shape, dev, tensor.int32)
+    m.compile([tx], use_graph=False)
+    for x, y in data:
+        tx.copy_from_numpy(x)
+        ty.copy_from_numpy(y)
+        m(tx, ty)
+    v2 = tmp_path / "v2.zip"
+    m.save_states(v2)
+    with zipfile.ZipFile(v2) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    assert manifest["version"] == model.CHECKPOINT_VERSION == 2
+    for e in manifest["arrays"]:
+        if e.pop("group", None) == "moments":  # rewrite as version 1 wrote it
+            e["name"] = e["name"].split("/", 1)[1] + "/momentum"
+    manifest["version"] = 1
+    members["manifest.json"] = json.dumps(manifest).encode()
+    v1 = tmp_path / "v1.zip"
+    with zipfile.ZipFile(v1, "w") as zf:
+        for n, b in members.items():
+            zf.writestr(n, b)
+    m2 = MLP()
+    m2.optimizer = opt.SGD(lr=0.05, momentum=0.9)
+    m2.compile([tx], use_graph=False)
+    m2.load_states(v1)
+    s1, s2 = m.optimizer.get_states(), m2.optimizer.get_states()
+    assert s2["step_counter"] == s1["step_counter"] == 2.0
+    assert sorted(s2["moments"]) == sorted(s1["moments"]) == ["linear1.W", "linear1.b", "linear2.W", "linear2.b"]
+    for k, t in s1["moments"].items():
+        np.testing.assert_array_equal(np.asarray(s2["moments"][k]), t.to_numpy())

@@ -812,21 +812,140 @@ def test_unsupported_operators_are_all_named_with_their_positions() -> None:
     assert isinstance(err.value, errors.UnsupportedOperatorError)  # the importer's error type covers export too
 
 
-def test_unrecorded_outputs_explain_how_to_record() -> None:
+class DropNet(model.Model):
+    """conv -> batch norm -> relu -> dropout -> flatten -> linear: what differs between training and inference."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = layer.Conv2d(4, 3, padding=1)
+        self.bn = layer.BatchNorm2d()
+        self.relu = layer.ReLU()
+        self.drop = layer.Dropout(0.5)
+        self.flatten = layer.Flatten()
+        self.fc = layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc(self.flatten(self.drop(self.relu(self.bn(self.conv(x))))))
+
+    def train_one_batch(self, x, t):
+        out = self.forward(x)
+        loss = self.loss(out, t)
+        self.optimizer(loss)
+        return out, loss
+
+
+def test_export_after_eval_is_the_inference_graph() -> None:
+    """SINGA's usual flow: train, m.eval(), y = m.forward(x), sonnx.to_onnx([x], [y]); training is never switched on
+    for the export."""
+    net = DropNet()
+    net.optimizer = opt.SGD(lr=0.1, momentum=0.9)
+    tx, ty = tensor.Tensor((4, 2, 5, 5), DEV), tensor.Tensor((4,), DEV, tensor.int32)
+    net.compile([tx], is_train=True)
+    for _ in range(3):
+        tx.copy_from_numpy(rn(4, 2, 5, 5) * 2 + 1)  # running statistics far from (0, 1)
+        ty.copy_from_numpy(RNG.integers(0, 3, 4).astype(np.int32))
+        net(tx, ty)
+    net.eval()
+    x = rn(4, 2, 5, 5)
+    xt = T(x)
+    y = net.forward(xt)
+    m = to_onnx([xt], [y])
+    assert autograd.training is False
+    onnx.checker.check_model(m, full_check=True)
+    types = op_types(m)
+    assert "BatchNormalization" in types
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+    np.testing.assert_array_equal(inits["bn.running_mean"], net.bn.running_mean.to_numpy().reshape(-1))
+    assert np.abs(inits["bn.running_mean"]).max() > 0.1  # trained statistics, not the initial zeros
+    # onnxruntime computes what SINGA's inference computes: running statistics, dropout as identity
+    for batch in (4, 7):
+        xb = rn(batch, 2, 5, 5)
+        np.testing.assert_allclose(ort_run(m, [xb])[0], net.forward(T(xb)).to_numpy(), rtol=1e-4, atol=1e-5)
+    # and the same weights computed by hand in numpy (float64): conv, BN with running stats, relu, no dropout
+    W, b = net.conv.W.to_numpy().astype(np.float64), net.conv.b.to_numpy().astype(np.float64)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.zeros((4, 4, 5, 5))
+    for i in range(5):
+        for j in range(5):
+            conv[:, :, i, j] = np.einsum("nchw,kchw->nk", xp[:, :, i:i + 3, j:j + 3], W)
+    conv += b.reshape(1, -1, 1, 1)
+    rm, rv = (net.bn.running_mean.to_numpy().reshape(1, -1, 1, 1), net.bn.running_var.to_numpy().reshape(1, -1, 1, 1))
+    sc, sh = net.bn.scale.to_numpy().reshape(1, -1, 1, 1), net.bn.bias.to_numpy().reshape(1, -1, 1, 1)
+    h = np.maximum((conv - rm) / np.sqrt(rv + 1e-5) * sc + sh, 0).reshape(4, -1)
+    want = h @ net.fc.W.to_numpy().astype(np.float64) + net.fc.b.to_numpy()
+    np.testing.assert_allclose(ort_run(m, [x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_eval_outputs_record_their_creators() -> None:
     lin = layer.Linear(3)
     x = T(rn(2, 4))
     autograd.training = False
     y = lin(x)
-    with pytest.raises(ValueError, match=r"autograd\.training = True"):
-        to_onnx([x], [y])
+    assert y.creator is not None  # SINGA: the topology is recorded whatever the training flag
+    m = to_onnx([x], [y])
+    np.testing.assert_allclose(ort_run(m, [x.to_numpy()])[0], y.to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_without_a_graph_say_what_to_pass() -> None:
+    x = T(rn(2, 4))
+    with pytest.raises(ValueError, match="not produced by autograd operators") as info:
+        to_onnx([x], [T(rn(2, 3))])
+    assert "training" not in str(info.value).split("(in train")[0]  # never asks to switch training on
+
+
+def test_inputs_as_singa_takes_them() -> None:
+    """Graph inputs take the given tensors in order; non-Tensor entries (shape lists, numbers) are ignored with a
+    warning; a given tensor that is not in the graph stands for the graph's data leaf by position."""
+    lin = layer.Linear(3)
+    a = rn(2, 4)
+    x = T(a)
+    autograd.training = False
+    y = lin(x)
+    with pytest.warns(UserWarning, match=r"inputs\[1\] \(int\), inputs\[2\] \(int\), inputs\[3\] \(float\) "
+                      r"not a singa Tensor, ignored"):
+        m = to_onnx([x, [2, 4], 1.5], [y])  # (a shape list counts as its entries)
+    assert len(m.graph.input) == 1
+    np.testing.assert_allclose(ort_run(m, [a])[0], y.to_numpy(), rtol=1e-5, atol=1e-6)
+    placeholder = tensor.Tensor((2, 4), DEV)  # another tensor of the same shape (a script's PlaceHolder)
+    m = to_onnx([placeholder], [y])
+    assert [i.name for i in m.graph.input] == ["input"]
+    np.testing.assert_allclose(ort_run(m, [a])[0], y.to_numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"inputs\[0\] \(float32 \(3, 4\)\) is not in the graph"):
+        to_onnx([tensor.Tensor((3, 4), DEV)], [y])
+    with pytest.warns(UserWarning, match=r"inputs\[1\] \(shape \(5,\)\) not used by the graph"):
+        m = to_onnx([x, tensor.Tensor((5,), DEV)], [y])
+    assert len(m.graph.input) == 1
+
+
+def test_two_inputs_keep_the_given_order() -> None:
+    a, b = rn(3, 4), rn(3, 4)
+    ta, tb = T(a), T(b)
+    autograd.training = False
+    two = T(np.float32(2.0), requires_grad=False)  # a constant the script keeps
+    y = autograd.sub(ta, autograd.mul(tb, two))
+    m = to_onnx([tb, ta], [y])
+    assert [i.name for i in m.graph.input] == ["input_0", "input_1"]
+    np.testing.assert_allclose(ort_run(m, [b, a])[0], a - 2 * b, rtol=1e-6)
+
+
+def test_singa3_two_input_loss_exports() -> None:
+    x, t = rn(5, 3), rn(5, 3)
+    tx, tt = T(x), T(t)
+    autograd.training = False
+    loss = autograd.MeanSquareError()(tx, tt)[0]
+    m = to_onnx([tx, tt], [loss])
+    np.testing.assert_allclose(ort_run(m, [x, t])[0], [((x - t) ** 2).sum() / 10], rtol=1e-5)
 
 
 def test_bad_arguments() -> None:
     x = T(rn(2, 4))
     autograd.training = True
     y = autograd.relu(x)
-    with pytest.raises(TypeError, match="not a singa Tensor"):
+    with pytest.warns(UserWarning, match="not a singa Tensor, ignored"):  # as SINGA: non-Tensor inputs ignored
         to_onnx([x.to_numpy()], [y])
+    with pytest.raises(TypeError, match="not a singa Tensor"):
+        to_onnx([x], [y.to_numpy()])
     with pytest.raises(ValueError, match="at least 13"):
         to_onnx([x], [y], opset_version=11)
 

@@ -120,22 +120,25 @@ def _chain():
     return make_model(nodes, [vi("x", [2, 3])], [vi("y", [2, 3])])
 
 
-def test_last_layers_as_documented(dev):
+def test_last_layers_counts_as_singas_code(dev):
+    """SINGA's SingaRep: -1 (and -2) run every node, -k leaves out the last k - 2 nodes, a non-negative k is the
+    index of the last node run (the seed's transfer learning passes -3 to drop a zoo model's final Gemm)."""
     x = RNG.standard_normal((2, 3)).astype(np.float32)
-    rep = sonnx.prepare(_chain(), device=dev)
+    rep = sonnx.prepare(_chain(), device=dev)  # Relu -> Neg -> Exp -> Sigmoid
     a = np.maximum(x, 0)
-    c = np.exp(-a)
-    np.testing.assert_allclose(rep.run([x])[0], 1 / (1 + np.exp(-c)), rtol=1e-6)
-    np.testing.assert_allclose(rep.run([x], last_layers=-1)[0], 1 / (1 + np.exp(-c)), rtol=1e-6)  # whole model
-    np.testing.assert_allclose(rep.run([x], last_layers=-2)[0], c, rtol=1e-6)  # cut after the second-to-last
-    np.testing.assert_allclose(rep.run([x], last_layers=-4)[0], a, rtol=1e-6)  # only the first node
-    for bad in (-5, 0, 1):
+    b = -a
+    c = np.exp(b)
+    y = 1 / (1 + np.exp(-c))
+    np.testing.assert_allclose(rep.run([x])[0], y, rtol=1e-6)
+    for k, want in ((-1, y), (-2, y), (-3, c), (-4, b), (-5, a), (0, a), (1, b), (2, c), (3, y)):
+        np.testing.assert_allclose(rep.run([x], last_layers=k)[0], want, rtol=1e-6, err_msg=str(k))
+    for bad in (-6, 4, 1.5, True):
         with pytest.raises(ValueError, match="last_layers"):
             rep.run([x], last_layers=bad)
     # the same on the Model API
     mdl = sonnx.SONNXModel(_chain())
     mdl.eval()
-    np.testing.assert_allclose(tensor.to_numpy(mdl.forward(tensor.from_numpy(x), last_layers=-2)[0]), c, rtol=1e-6)
+    np.testing.assert_allclose(tensor.to_numpy(mdl.forward(tensor.from_numpy(x), last_layers=-3)[0]), c, rtol=1e-6)
 
 
 def test_aux_output_returns_named_values(dev):
@@ -463,8 +466,8 @@ def test_seed_earlier_api_full_example(dev):
             sgd_step(infer.forward(x), target, 0.01)
         assert all(not np.array_equal(before[k], tensor.to_numpy(v)) for k, v in sg_ir.tensor_map.items())
 
-        # transfer learning: -1 keeps the whole model, so the 500-feature layer is reached with -2 (SINGA's own
-        # off-by-one let this example pass -1)
+        # transfer learning: the earlier edition passed -1 to reach the 500-feature layer; SINGA's later code (which
+        # this follows: -1 and -2 keep every node) reaches it with -3, dropping the final Gemm
         class Trans:
             def __init__(self, sg_ir, last_layers):
                 self.sg_ir = sg_ir
@@ -483,7 +486,7 @@ def test_seed_earlier_api_full_example(dev):
                 y = autograd.relu(y)
                 return y  # noqa: RET504 - the seed's code as written
 
-        trans = Trans(sg_ir, -2)
+        trans = Trans(sg_ir, -3)
         n = sgd_step(trans.forward(x), target, 0.07)
         assert n == len(sg_ir.tensor_map) - 1 + 3  # linear2.W is cut off
     finally:

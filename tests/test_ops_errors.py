@@ -30,8 +30,8 @@ def test_broadcast_names_both_shapes():
 
 
 def test_dtype_mismatch_names_both_dtypes():
-    with raises(TypeError, "add: dtype mismatch int32 and float32"):
-        Tensor((2,), dtype=I32) + Tensor((2,))
+    with raises(TypeError, "add: dtype mismatch int32 and int64"):  # one kind: never widened implicitly
+        Tensor((2,), dtype=I32) + Tensor((2,), dtype=tensor.int64)
     with raises(TypeError, "sub: dtype mismatch float16 and float32"):
         Tensor((2,), dtype=tensor.float16) - Tensor((2,))
     with raises(TypeError, "matmul: dtype mismatch float32 and int64"):
@@ -56,16 +56,12 @@ def test_unsupported_dtypes():
 
 
 def test_scalars_adopt_the_tensor_dtype_exactly():
-    with raises(TypeError, "mul: float scalar 0.5 with an int32 tensor"):
-        Tensor((2,), dtype=I32) * 0.5
     with raises(ValueError, "add: scalar 3000000000 is out of range for int32"):
         Tensor((2,), dtype=I32) + 3_000_000_000
-    with raises(TypeError, "eq: scalar 2 cannot be used with a bool tensor"):
-        ops.eq(Tensor((2,), dtype=tensor.bool), 2)
     with raises(TypeError, "fill: float scalar 1.5 with an int32 tensor"):
         Tensor((2,), dtype=I32).set_value(1.5)
-    with raises(TypeError, "add: dtype mismatch int32 and numpy float64"):
-        Tensor((2,), dtype=I32) + np.array([1.5, 2.5])
+    with raises(TypeError, "fill: scalar 2 cannot be used with a bool tensor"):
+        Tensor((2,), dtype=tensor.bool).set_value(2)
     with raises(TypeError, "add: unsupported operand type str"):
         Tensor((2,)) + "x"
 
@@ -75,8 +71,10 @@ def test_inplace_result_must_fit():
     with raises(ValueError, "add: output shape (3,) does not match the result shape (2, 3)"):
         a += Tensor((2, 3))
     b = Tensor((3,), dtype=I32)
-    with raises(TypeError, "add: dtype mismatch int32 and float32"):
-        b += Tensor((3,))
+    with raises(TypeError, "add: output dtype int32 does not match the result dtype float32"):
+        b += Tensor((3,))  # int32 + float32 computes in float32, which an int32 tensor cannot hold
+    with raises(TypeError, "mul: output dtype int32 does not match the result dtype float32"):
+        b *= 0.5
     with raises(TypeError, "add: output dtype int32 does not match the result dtype float32"):
         tensor.add(Tensor((3,)), Tensor((3,)), Tensor((3,), dtype=I32))
 
@@ -182,9 +180,12 @@ def test_construction_and_copy_errors():
         Tensor((2,), dtype=9)
     with raises(TypeError, "numpy dtype complex128 has no SINGA equivalent"):
         Tensor(data=np.zeros(2, complex))
-    with raises(ValueError, "copy_from_numpy: 7 elements at offset 0 do not fit in a tensor of shape (2, 3) "
-                            "(6 elements)"):
+    with raises(ValueError, "copy_from_numpy: 7 values for a tensor of shape (2, 3) (6 elements); the sizes must "
+                            "match"):
         Tensor((2, 3)).copy_from_numpy(np.zeros(7))
+    with raises(ValueError, "copy_from_numpy: 3 values at offset 4 do not fit in a tensor of shape (2, 3) "
+                            "(6 elements)"):
+        Tensor((2, 3)).copy_from_numpy(np.zeros(3), offset=4)
     with raises(TypeError, "copy_from_numpy: cannot copy float64 data into a int32 tensor"):
         Tensor((2,), dtype=I32).copy_from_numpy(np.array([1.5, 2.5]))
     with raises(ValueError, "copy_data: source shape (2, 2) and destination shape (2, 3) have different numbers"):

@@ -172,16 +172,20 @@ def test_adagrad_matches_numpy_and_torch(dev):
     _close(got, _run_torch(lambda ps: torch.optim.Adagrad(ps, lr=0.1, eps=1e-8), params, grads))
 
 
+def _inits(o, names):
+    return tuple(getattr(o, n).init_value for n in names)
+
+
 def test_defaults_follow_singa():
     sgd = opt.SGD()
-    assert (sgd.lr.init_value, sgd.momentum, sgd.dampening, sgd.weight_decay, sgd.nesterov) == (0.1, 0, 0, 0, False)
+    assert _inits(sgd, ("lr", "momentum", "dampening", "weight_decay")) == (0.1, 0, 0, 0)
+    assert sgd.nesterov is False
     adam = opt.Adam()
-    assert (adam.lr.init_value, adam.beta_1, adam.beta_2, adam.epsilon, adam.weight_decay) == (0.1, 0.9, 0.999,
-                                                                                               1e-8, 0)
+    assert _inits(adam, ("lr", "beta_1", "beta_2", "epsilon", "weight_decay")) == (0.1, 0.9, 0.999, 1e-8, 0)
     rms = opt.RMSProp()
-    assert (rms.lr.init_value, rms.rho, rms.epsilon, rms.weight_decay) == (0.1, 0.9, 1e-8, 0)
+    assert _inits(rms, ("lr", "rho", "epsilon", "weight_decay")) == (0.1, 0.9, 1e-8, 0)
     ada = opt.AdaGrad()
-    assert (ada.lr.init_value, ada.epsilon, ada.weight_decay) == (0.1, 1e-8, 0)
+    assert _inits(ada, ("lr", "epsilon", "weight_decay")) == (0.1, 1e-8, 0)
 
 
 # -- in place, state ownership --------------------------------------------------------------------------------------
@@ -213,8 +217,7 @@ def test_same_name_does_not_share_state(dev):
             o.apply("W", p, tensor.from_numpy(g, dev))
         o.step()
     _close([p.to_numpy() for p in ps], _sgd_ref(params, grads, 0.1, momentum=0.9))
-    keys = sorted(k for k in o.get_states() if k != "step_counter")
-    assert keys == ["W#1/momentum", "W/momentum"]
+    assert sorted(o.get_states()["moments"]) == ["W", "W#1"]
 
 
 def test_state_follows_the_object_not_a_reused_id(dev):
@@ -322,8 +325,10 @@ def test_states_round_trip_resumes_exactly(dev, make):
 
     o1 = make()
     half = _run_singa(o1, params, grads[:3], dev)
-    states = {k: np.asarray(v) for k, v in o1.get_states().items()}  # numpy-convertible
-    assert int(states["step_counter"]) == 3
+    states = o1.get_states()
+    assert states["step_counter"] == 3.0
+    # SINGA's keys; the values may also be numpy arrays (what a checkpoint holds)
+    states = {k: {n: np.asarray(t) for n, t in v.items()} if isinstance(v, dict) else v for k, v in states.items()}
     o2 = make()
     o2.set_states(states)  # before o2 has seen any parameter: applied at their first update
     resumed = _run_singa(o2, half, grads[3:], dev)
@@ -336,16 +341,16 @@ def test_set_states_in_place_and_errors(dev):
     p.name = "w"
     o.update(p, tensor.from_numpy(np.ones(3, np.float32), dev))
     o.step()
-    mom = o._states[id(p)].tensors["momentum"]
+    mom = o.moments["w"]
     buf = mom.buffer
-    o.set_states({"w/momentum": np.full(3, 7.0, np.float32), "step_counter": np.array(5)})
+    o.set_states({"moments": {"w": np.full(3, 7.0, np.float32)}, "step_counter": 5.0})
     assert mom.buffer is buf
     assert np.allclose(mom.to_numpy(), 7.0)
-    assert int(o.get_states()["step_counter"].to_numpy()) == 5
+    assert o.get_states()["step_counter"] == 5.0
     with pytest.raises(KeyError, match="velocity"):
-        o.set_states({"w/velocity": np.zeros(3)})
+        o.set_states({"velocity": {"w": np.zeros(3)}})
     with pytest.raises(ValueError, match="shape"):
-        o.set_states({"w/momentum": np.zeros(4)})
+        o.set_states({"moments": {"w": np.zeros(4)}})
 
 
 def test_step_counter_counts_steps(dev):
@@ -354,7 +359,7 @@ def test_step_counter_counts_steps(dev):
     for _ in range(4):
         o.update(p, tensor.from_numpy(np.ones(2, np.float32), dev))
         o.step()
-    assert int(o.step_counter.to_numpy()) == 4
+    assert int(o.step_counter.to_numpy()[0]) == 4
 
 
 def test_state_creation_is_set_up_not_recorded(dev):
@@ -370,7 +375,7 @@ def test_state_creation_is_set_up_not_recorded(dev):
         gr.run()
     # buf: 1, 1.9, 2.71, 3.439; p = -sum(0.1 * buf)
     assert np.allclose(p.to_numpy(), -0.1 * (1 + 1.9 + 2.71 + 3.439), rtol=1e-6)
-    assert int(o.step_counter.to_numpy()) == 4
+    assert int(o.step_counter.to_numpy()[0]) == 4
 
 
 # -- opt(loss) with autograd ------------------------------------------------------------------------------------------
@@ -401,7 +406,7 @@ def test_call_backprops_and_updates(dev):
         torch.nn.functional.cross_entropy(torch.tensor(x) @ tw, torch.tensor(t, dtype=torch.long)).backward()
         to.step()
     np.testing.assert_allclose(w.to_numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
-    assert int(o.step_counter.to_numpy()) == 2
+    assert int(o.step_counter.to_numpy()[0]) == 2
 
 
 def test_backward_and_update_is_call(dev):
@@ -416,4 +421,174 @@ def test_backward_and_update_is_call(dev):
     finally:
         autograd.training = prev
     assert not np.allclose(w.to_numpy(), 1.0)
-    assert int(ops.to_numpy(o.step_counter)) == 1
+    assert int(ops.to_numpy(o.step_counter)[0]) == 1
+
+
+# -- SINGA's object API (the reference's "Object-level API": attributes, their types, state keys) ------------------
+
+
+def _value(t):
+    assert isinstance(t, Tensor)
+    assert t.shape == (1,)
+    assert t.dtype == tensor.float32
+    return float(t.to_numpy()[0])
+
+
+@pytest.mark.parametrize(("make", "values"), [
+    (lambda: opt.SGD(0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+     {"lr_value": 0.1, "mom_value": 0.9, "dam_value": 0.1, "decay_value": 0.01}),
+    (lambda: opt.RMSProp(0.2, rho=0.8, epsilon=1e-6, weight_decay=0.05),
+     {"lr_value": 0.2, "rho_value": 0.8, "epsilon_value": 1e-6, "decay_value": 0.05}),
+    (lambda: opt.AdaGrad(0.3, epsilon=1e-7, weight_decay=0.02),
+     {"lr_value": 0.3, "epsilon_value": 1e-7, "decay_value": 0.02}),
+    (lambda: opt.Adam(0.4, beta_1=0.8, beta_2=0.99, epsilon=1e-5, weight_decay=0.03),
+     {"lr_value": 0.4, "beta_1_value": 0.8, "beta_2_value": 0.99, "epsilon_value": 1e-5, "decay_value": 0.03}),
+], ids=["sgd", "rmsprop", "adagrad", "adam"])
+def test_singa_attributes_exist_before_any_parameter(make, values):
+    o = make()
+    assert isinstance(o.lr, opt.DecayScheduler)
+    assert type(o.lr) is opt.Constant  # a float becomes Constant(lr)
+    assert _value(o.step_counter) == 0.0
+    for name, want in values.items():
+        assert _value(getattr(o, name)) == pytest.approx(want, rel=1e-6), name
+    o.step()  # usable with no parameter at all: the counter advances, nothing else happens
+    o.step()
+    assert _value(o.step_counter) == 2.0
+    assert o.get_states()["step_counter"] == 2.0
+    for sched in ("momentum", "dampening", "weight_decay", "rho", "epsilon", "beta_1", "beta_2"):
+        if hasattr(o, sched):
+            assert isinstance(getattr(o, sched), opt.DecayScheduler), sched
+
+
+def test_wrong_learning_rate_type():
+    with pytest.raises(TypeError, match="Wrong learning rate type"):
+        opt.SGD(lr="0.1")
+    with pytest.raises(TypeError, match="Wrong momentum type"):
+        opt.SGD(0.1, momentum=[0.9])
+
+
+def test_values_follow_step_and_set_states(dev):
+    sched = opt.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5)
+    o = opt.SGD(sched, momentum=opt.ExponentialDecay(0.9, 1, 0.9))
+    for k in range(1, 4):
+        o.step()
+        assert _value(o.step_counter) == k
+        assert _value(o.lr_value) == pytest.approx(0.1 * 0.5 ** (k / 2), rel=1e-6)
+        assert _value(o.mom_value) == pytest.approx(0.9 * 0.9 ** k, rel=1e-6)
+        assert _value(o.dam_value) == 0.0
+    o.set_states({"step_counter": 8.0})
+    assert _value(o.lr_value) == pytest.approx(0.1 * 0.5 ** 4, rel=1e-6)  # recomputed from the restored counter
+    o.momentum = 0.5  # a number assigned later is a Constant too
+    assert type(o.momentum) is opt.Constant
+    assert _value(o.mom_value) == 0.5
+
+
+def test_optimizer_used_without_parameters_says_so(dev):
+    o = opt.SGD(0.1, momentum=0.9)
+    g = tensor.from_numpy(np.ones(2, np.float32), dev)
+    with pytest.raises(TypeError, match=r"NoneType.*first call"):
+        o.update(None, g)
+    with pytest.raises(TypeError, match="first call"):
+        o.apply("linear.W", None, None)
+    assert o.get_states() == {"step_counter": 0.0}
+
+
+@pytest.mark.parametrize(("make", "groups"), [
+    (lambda: opt.SGD(0.1, momentum=0.9), ("moments",)), (lambda: opt.RMSProp(0.01), ("running_average",)),
+    (lambda: opt.AdaGrad(0.1), ("history",)), (lambda: opt.Adam(0.01), ("m", "v")),
+], ids=["sgd", "rmsprop", "adagrad", "adam"])
+def test_state_dicts_keyed_by_parameter_name(dev, make, groups):
+    o = make()
+    ps = {n: tensor.from_numpy(np.full(3, i + 1.0, np.float32), dev) for i, n in enumerate(("fc.W", "fc.b"))}
+    for n, p in ps.items():
+        p.name = n
+    for _ in range(2):
+        for p in ps.values():
+            o.update(p, tensor.from_numpy(np.full(3, 0.5, np.float32), dev))
+        o.step()
+    states = o.get_states()
+    assert set(states) == {"step_counter", *groups}  # SINGA's keys
+    assert states["step_counter"] == 2.0
+    for group in groups:
+        view = getattr(o, group)  # SINGA's attribute: {parameter name: state tensor}
+        assert sorted(view) == ["fc.W", "fc.b"]
+        assert sorted(states[group]) == ["fc.W", "fc.b"]
+        for n in view:
+            np.testing.assert_array_equal(states[group][n].to_numpy(), view[n].to_numpy())
+        live = view["fc.W"]
+        view["fc.W"] = np.full(3, 7.0, np.float32)  # written into the live state, in place
+        np.testing.assert_array_equal(live.to_numpy(), np.full(3, 7.0))
+    o2 = make()
+    o2.set_states(states)  # before o2 has seen the parameters: kept, and reported, until their first update
+    pending = o2.get_states()
+    for group in groups:
+        for n in ("fc.W", "fc.b"):
+            np.testing.assert_array_equal(pending[group][n].to_numpy(), states[group][n].to_numpy())
+
+
+def _sgd_scheduled_momentum_ref(params, grads, lr, moms):
+    ps = [p.astype(np.float64) for p in params]
+    bufs = [None] * len(ps)
+    for t, gs in enumerate(grads):
+        for i, g in enumerate(gs):
+            g = g.astype(np.float64)
+            bufs[i] = g.copy() if bufs[i] is None else moms[t] * bufs[i] + g
+            ps[i] = ps[i] - lr * bufs[i]
+    return ps
+
+
+def test_scheduled_momentum_matches_numpy(dev):
+    params, grads = _data(13)
+    sched = opt.ExponentialDecay(0.9, decay_steps=1, decay_rate=0.8)
+    got = _run_singa(opt.SGD(0.05, momentum=sched), params, grads, dev)
+    _close(got, _sgd_scheduled_momentum_ref(params, grads, 0.05, [sched(t) for t in range(STEPS)]))
+
+
+def test_scheduled_rho_and_betas_match_numpy(dev):
+    params, grads = _data(14)
+    rho = opt.ExponentialDecay(0.9, decay_steps=2, decay_rate=0.9)
+    got = _run_singa(opt.RMSProp(0.01, rho=rho), params, grads, dev)
+    ps = [p.astype(np.float64) for p in params]
+    sq = [np.zeros_like(p) for p in ps]
+    for t, gs in enumerate(grads):
+        r = rho(t)
+        for i, g in enumerate(gs):
+            sq[i] = r * sq[i] + (1 - r) * g.astype(np.float64) ** 2
+            ps[i] = ps[i] - 0.01 * g / (np.sqrt(sq[i]) + 1e-8)
+    _close(got, ps)
+    b1 = opt.ExponentialDecay(0.9, decay_steps=3, decay_rate=0.95)
+    got = _run_singa(opt.Adam(0.01, beta_1=b1), params, grads, dev)
+    ps = [p.astype(np.float64) for p in params]
+    m = [np.zeros_like(p) for p in ps]
+    v = [np.zeros_like(p) for p in ps]
+    for t, gs in enumerate(grads, start=1):
+        beta = b1(t - 1)  # the value at the completed step count, as the device computes it
+        for i, g in enumerate(gs):
+            m[i] = beta * m[i] + (1 - beta) * g
+            v[i] = 0.999 * v[i] + 0.001 * g.astype(np.float64) ** 2
+            ps[i] = ps[i] - 0.01 * (m[i] / (1 - beta ** t)) / (np.sqrt(v[i] / (1 - 0.999 ** t)) + 1e-8)
+    _close(got, ps)
+
+
+def test_replayed_steps_follow_scheduled_values(dev):
+    """step() recomputes lr_value, mom_value ... on the device: a recorded step replays the schedules."""
+    lr = opt.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    mom = opt.ExponentialDecay(0.9, decay_steps=1, decay_rate=0.5)
+    o = opt.SGD(lr, momentum=mom)
+    p = tensor.from_numpy(np.zeros(3, np.float32), dev)
+    g = tensor.from_numpy(np.ones(3, np.float32), dev)
+    o.update(p, g)  # the first step creates the momentum buffer (set-up, outside the recording)
+    o.step()
+    with graph.Recorder(dev) as rec:
+        o.update(p, g)
+        o.step()
+    gr = rec.finish()
+    for _ in range(3):
+        gr.run()
+    want, buf = 0.0, None
+    for t in range(5):
+        buf = 1.0 if buf is None else mom(t) * buf + 1.0
+        want -= lr(t) * buf
+    np.testing.assert_allclose(p.to_numpy(), want, rtol=1e-6)
+    assert o.step_counter.to_numpy()[0] == 5
+    assert o.lr_value.to_numpy()[0] == pytest.approx(lr(5), rel=1e-6)

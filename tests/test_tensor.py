@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import conv_ref
 
-from singa import device, dtypes, ops, tensor
+from singa import autograd, device, dtypes, ops, tensor
 from singa.backend import Device
 from singa.fallback import philox_uniform
 from singa.tensor import Tensor
@@ -233,7 +233,7 @@ def test_module_creators(dev):
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0), (4,), (2, 3, 4)])
 def test_numpy_round_trip(dtype, shape):
     a = values(shape, dtype)
-    t = tensor.from_numpy(a)
+    t = Tensor(data=a)  # keeps the array's dtype, int64 too (tensor.from_numpy narrows it, as SINGA)
     assert t.dtype == dtype
     assert t.shape == shape
     back = tensor.to_numpy(t)
@@ -242,9 +242,18 @@ def test_numpy_round_trip(dtype, shape):
     np.testing.assert_array_equal(np.asarray(t), a)
 
 
-def test_from_numpy_narrows_float64_only():
+def test_from_numpy_narrows_as_singa():
+    """SINGA's from_numpy: float64 -> float32 and int64 -> int32; explicit dtypes and Tensor(data=) keep int64."""
     assert tensor.from_numpy(np.zeros(2)).dtype == F32
-    assert tensor.from_numpy(np.zeros(2, np.int64)).dtype == I64
+    t = tensor.from_numpy(np.array([[3, -4], [2**31 - 1, -(2**31)]]))  # numpy's default int64
+    check(t, [[3, -4], [2**31 - 1, -(2**31)]], I32)
+    check(tensor.from_numpy(np.array([7, 200], np.uint8)), [7, 200], I32)
+    check(tensor.from_numpy(np.array([True, False])), [True, False], BOOL)
+    assert Tensor(data=np.zeros(2, np.int64)).dtype == I64
+    assert Tensor(data=np.zeros(2, np.int64), dtype=tensor.int64).dtype == I64
+    assert ops.from_numpy(np.zeros(2, np.int64)).dtype == I64  # the core's (and ONNX's) path keeps int64
+    with pytest.raises(ValueError, match=r"int64 values in \[0, 4294967296\] do not fit int32"):
+        tensor.from_numpy(np.array([0, 2**32]))
     t = tensor.from_numpy(np.ones((2, 2), np.float32)[:, 0])  # non-contiguous host data
     np.testing.assert_array_equal(N(t), [1.0, 1.0])
 
@@ -288,10 +297,11 @@ def test_repr_item_scalars():
     assert s.item() == 3.25
     assert float(s) == 3.25
     assert int(T(7, I32)) == 7
+    # SINGA's tensors have no truth value of their own: `if t:` is true for any tensor (scripts test existence)
     assert bool(T([1.0]))
-    assert not bool(T(0.0))
-    with pytest.raises(ValueError, match="ambiguous"):
-        bool(t)
+    assert bool(T(0.0))
+    assert bool(t)
+    assert bool(Tensor((0,)))
     with pytest.raises(ValueError, match="2 elements"):
         t.item()
 
@@ -391,7 +401,7 @@ def test_binary_int_exact(dtype):
     check(ta // tb, a // b, dtype)  # Python: floor
     check(ta % tb, a % b, dtype)
     check(ta * 3, a * 3, dtype)
-    check(ta * 2.0, a * 2, dtype)  # an integral float adopts the int dtype
+    check(ta * 2.0, (a * 2).astype(np.float32), F32)  # a float scalar makes the result float (SINGA)
     check(10 - ta, 10 - a, dtype)
     check(ta + True, a + 1, dtype)
     big = np.array([2**40 + 3], np.int64)
@@ -539,9 +549,9 @@ def test_inplace_through_views_updates_base():
     base = T(np.zeros((3, 4), np.float32))
     row = base[1]
     row += 1
-    col = base[:, 2]
+    col = base[:, 2]  # (3, 1): SINGA's int index keeps the axis
     col *= 0
-    col += T(np.array([5.0, 6.0, 7.0], np.float32))
+    col += T(np.array([[5.0], [6.0], [7.0]], np.float32))
     want = np.zeros((3, 4))
     want[1] = 1
     want[:, 2] = [5, 6, 7]
@@ -965,21 +975,34 @@ def test_squeeze_unsqueeze_expand_flatten():
     check(ops.swapaxes(t, 0, 2), a.swapaxes(0, 2), F32)
 
 
+# (key, the numpy key selecting what SINGA's __getitem__ returns: an int i keeps its axis as i:i+1)
 INDEX_KEYS = [
-    1, -1, (1, 2), (slice(None), 2), (slice(1, None), slice(None, None, 2)), (slice(None, None, -1),),
-    (Ellipsis, 1), (None, 1), (1, None, slice(2, 4)), (slice(5, 10),), (slice(2, 1),), (Ellipsis,), (),
-    (slice(None, None, -2), slice(3, 0, -1)), (0, 0, 0),
+    (1, np.s_[1:2]), (-1, np.s_[-1:]), ((1, 2), np.s_[1:2, 2:3]), ((slice(None), 2), np.s_[:, 2:3]),
+    ((slice(1, None), slice(None, None, 2)), np.s_[1:, ::2]), ((slice(None, None, -1),), np.s_[::-1]),
+    ((Ellipsis, 1), np.s_[..., 1:2]), ((None, 1), np.s_[None, 1:2]), ((1, None, slice(2, 4)), np.s_[1:2, None, 2:4]),
+    ((slice(5, 10),), np.s_[5:10]), ((slice(2, 1),), np.s_[2:1]), ((Ellipsis,), np.s_[...]), ((), ()),
+    ((slice(None, None, -2), slice(3, 0, -1)), np.s_[::-2, 3:0:-1]), ((0, 0, 0), np.s_[0:1, 0:1, 0:1]),
+    ((Ellipsis, -1, 2), np.s_[..., -1:, 2:3]), ((np.int64(2),), np.s_[2:3]),
 ]
 
 
-@pytest.mark.parametrize("key", INDEX_KEYS, ids=repr)
+@pytest.mark.parametrize(("key", "np_key"), INDEX_KEYS, ids=lambda k: repr(k))
 @pytest.mark.parametrize("la", ["contiguous", "transposed", "stepped"])
-def test_getitem_views(key, la):
+def test_getitem_views(key, np_key, la):
     a = values((3, 5, 4), F32, seed=44)
     t = layout(a, la)
     v = t[key]
     assert v.buffer is t.buffer
-    check(v, a[key], F32)
+    check(v, a[np_key], F32)
+
+
+def test_getitem_with_an_int_keeps_the_axis_as_singa():
+    t = T(np.arange(12.0).reshape(3, 4))
+    assert t[0].shape == (1, 4)
+    assert t[:, 1].shape == (3, 1)
+    assert t[2, 3].shape == (1, 1)
+    assert ops.getitem(t, 0).shape == (4,)  # the functional core keeps numpy's rule
+    assert [r.shape for r in t] == [(4,)] * 3  # iteration yields rows, as numpy
 
 
 def test_getitem_advanced_and_errors():
@@ -988,10 +1011,11 @@ def test_getitem_advanced_and_errors():
     check(t[[2, 0, 2]], a[[2, 0, 2]], F32)
     check(t[np.array([[1], [3]])], a[np.array([[1], [3]])], F32)
     check(t[T(np.array([3, -1], np.int32))], a[[3, -1]], F32)
-    with pytest.raises(IndexError, match="out of bounds for axis 1 with size 3"):
-        t[0, 3]
-    with pytest.raises(IndexError, match="too many indices"):
-        t[0, 0, 0]
+    for bad, match in (((0, 3), "index 3 is out of bounds for axis 1 with size 3"), ((0, 0, 0), "too many indices"),
+                       (7, "index 7 is out of bounds for axis 0 with size 4")):
+        for err in (IndexError, ValueError):  # SINGA raises ValueError: both catch it
+            with pytest.raises(err, match=match):
+                t[bad]
     with pytest.raises(TypeError, match="boolean"):
         t[np.array([True, False, True, False])]
 
@@ -1669,3 +1693,92 @@ def test_flatten_negative_axis_counts_from_the_end():
         y = tensor.to_numpy(ops.flatten(t, axis))
         assert y.shape == shape, (axis, y.shape)
         np.testing.assert_array_equal(y, x.reshape(shape))
+
+
+# -- SINGA's promotion rule (issue 13): a float scalar or a float tensor makes an integer operation float ------------
+
+
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_float_scalar_with_int_tensor_promotes_to_float32(dtype):
+    a = np.array([[-7, 7, 5, 0], [9, -9, 3, 2]], NP[dtype])
+    ta = T(a)
+    af = a.astype(np.float64)
+    check(ta + 0.5, af + 0.5, F32)
+    check(0.5 + ta, 0.5 + af, F32)
+    check(ta - 1.25, af - 1.25, F32)
+    check(2.5 - ta, 2.5 - af, F32)
+    check(ta * 0.5, af * 0.5, F32)
+    check(ta / 4.0, af / 4.0, F32)  # true division: SINGA converts the scalar with float()
+    check(1.0 / (ta + 10), 1.0 / (af + 10), F32)
+    check(ta ** 2.0, af ** 2.0, F32)
+    check(ta * np.float32(0.25), af * 0.25, F32)  # numpy floats too
+    check(tensor.add(ta, 0.5), af + 0.5, F32)
+    check(ta + 3, a + 3, dtype)  # int with int stays int
+    check(ta * True, a, dtype)
+    check(ta < 0.5, (af < 0.5).astype(NP[dtype]), dtype)  # SINGA's comparisons: 0/1 in the tensor's dtype
+    check(ta >= 0.0, (af >= 0).astype(NP[dtype]), dtype)
+
+
+def test_int_and_float_tensors_compute_in_float():
+    i = np.array([[1, -2, 3]], np.int32)
+    f = np.array([[0.5], [-1.5]], np.float32)
+    check(T(i) + T(f), i + f.astype(np.float64), F32)  # broadcast too
+    check(T(f) - T(i), f.astype(np.float64) - i, F32)
+    check(T(i) * T(f), i * f.astype(np.float64), F32)
+    check(T(i) / T(f), i / f.astype(np.float64), F32)
+    check(tensor.eltwise_mult(T(i), T(f)), i * f.astype(np.float64), F32)
+    h = np.array([0.5, 1.5, -2.0], np.float16)
+    check(T(i) + T(h), (i + h).astype(np.float16), F16)  # the float operand's dtype
+    b = np.array([True, False, True])
+    check(T(b) * T(f), b * f.astype(np.float64), F32)
+    check(T(b) * T(i), b * i, I32)  # bool < int < float
+    check(T(i) + np.array([0.25, 0.5, 0.75]), i + np.array([0.25, 0.5, 0.75]), F32)  # a numpy operand likewise
+
+
+def test_same_kind_is_never_widened_and_in_place_results_must_fit():
+    with pytest.raises(TypeError, match="int32 and int64"):
+        T(np.ones(2, np.int32)) + T(np.ones(2, np.int64))
+    with pytest.raises(TypeError, match="float16 and float32"):
+        T(np.ones(2, np.float16)) * T(np.ones(2, np.float32))
+    t = T(np.array([1, 2], np.int32))
+    with pytest.raises(TypeError, match="output dtype int32 does not match the result dtype float32"):
+        t += 0.5
+    t += 2
+    check(t, [3, 4], I32)
+
+
+def test_autograd_promotes_like_tensors():
+    x = T(np.array([1, 2, 3], np.int32))
+    check(autograd.mul(x, 0.5), [0.5, 1.0, 1.5], F32)
+    check(autograd.add(x, T(np.array([0.5, 0.5, 0.5], np.float32))), [1.5, 2.5, 3.5], F32)
+
+
+def test_data_is_assignable_as_singa():
+    """SINGA scripts update weights with `W.data += delta.data` (W keeps its memory) and swap raw tensors with
+    `t.data = other.data`."""
+    w = T(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    buf = w.buffer
+    delta = T(np.full((2, 2), 0.5, np.float32))
+    w.data += delta.data
+    assert w.buffer is buf
+    check(w, [[1.5, 2.5], [3.5, 4.5]], F32)
+    w.data -= delta.data * 2.0
+    check(w, [[0.5, 1.5], [2.5, 3.5]], F32)
+    other = T(np.arange(3, dtype=np.int32))
+    w.data = other.data
+    assert w.buffer is other.buffer
+    check(w, [0, 1, 2], I32)
+    with pytest.raises(TypeError, match=r"Tensor\.data"):
+        w.data = np.zeros(3)
+
+
+def test_setitem_takes_what_getitem_gives():
+    a = np.arange(12.0).reshape(3, 4)
+    t = T(a.astype(np.float32))
+    t[0] = t[2]  # a (1, 4) value into row 0
+    t[1] += 10.0
+    t[:, 3] = t[:, 0]  # (3, 1) into column 3
+    a[0] = a[2]
+    a[1] += 10
+    a[:, 3] = a[:, 0]
+    check(t, a, F32)

@@ -9,6 +9,9 @@ large inputs, the vectorised exp, and the Philox generator against the Random123
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -115,6 +118,51 @@ def test_threads_setting_round_trips():
         singa_backend_cpu.set_num_threads(before)
     with pytest.raises(ValueError, match="at least 1"):
         singa_backend_cpu.set_num_threads(0)
+
+
+def test_thread_counts_are_validated_and_capped():
+    before = singa_backend_cpu.get_num_threads()
+    cap = singa_backend_cpu.MAX_THREADS_PER_CORE * len(os.sched_getaffinity(0))
+    try:
+        for n in (65535, 32768, cap + 1):
+            with pytest.warns(RuntimeWarning, match=f"asks for {n} threads.*using {cap}"):
+                singa_backend_cpu.set_num_threads(n)
+            assert singa_backend_cpu.get_num_threads() == cap
+        singa_backend_cpu.set_num_threads(cap)  # the cap itself is allowed, without a warning
+        for bad in (2.5, "4", None, True):
+            with pytest.raises(TypeError, match="must be an integer"):
+                singa_backend_cpu.set_num_threads(bad)
+        with pytest.raises(ValueError, match="at least 1"):
+            singa_backend_cpu.set_num_threads(-3)
+    finally:
+        singa_backend_cpu.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("env", "want", "warning"), [
+    ({"SINGA_NUM_THREADS": "65535"}, "cap", "SINGA_NUM_THREADS=65535 asks for 65535 threads"),
+    ({"OMP_NUM_THREADS": "32768"}, "cap", "OMP_NUM_THREADS=32768 asks for 32768 threads"),
+    ({"OMP_NUM_THREADS": "32768,4"}, "cap", "asks for 32768 threads"),
+    ({"SINGA_NUM_THREADS": "abc", "OMP_NUM_THREADS": "1"}, "1", "SINGA_NUM_THREADS='abc' is not a positive integer"),
+    ({"SINGA_NUM_THREADS": "-2"}, "cores", "SINGA_NUM_THREADS='-2' is not a positive integer"),
+    ({"SINGA_NUM_THREADS": "0"}, "cores", "SINGA_NUM_THREADS='0' is not a positive integer"),
+    ({"SINGA_NUM_THREADS": "2"}, "2", None),
+])
+def test_thread_count_environment(env, want, warning):
+    """The process starts, runs a parallel kernel and reports the capped count (65535 threads used to segfault)."""
+    code = ("import numpy as np; from singa import device, ops; import singa_backend_cpu as c; "
+            "x = ops.from_numpy(np.ones(1 << 22, np.float32), device.get_device('cpu')); "
+            "s = float(ops.to_numpy(ops.sum(x))); assert s == 1 << 22, s; print(c.get_num_threads())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("SINGA_NUM_THREADS", "OMP_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    cores = len(os.sched_getaffinity(0))
+    expect = {"cap": singa_backend_cpu.MAX_THREADS_PER_CORE * cores, "cores": cores}.get(want) or int(want)
+    assert int(r.stdout.split()[-1]) == expect
+    if warning is None:
+        assert "RuntimeWarning" not in r.stderr, r.stderr
+    else:
+        assert warning in r.stderr, r.stderr
 
 
 # -- memory -------------------------------------------------------------------------------------------------------
@@ -814,7 +862,7 @@ def test_softmax_cross_entropy(dt, target_kind):
         t = RNG.random((n, c)).astype(dt)  # not normalised: the gradient must use sum(t)
         tf = t.astype(np.float64)
     else:
-        t = RNG.integers(-c, c, n).astype(target_kind)  # negative labels count from the end, as numpy indexes
+        t = RNG.integers(0, c, n).astype(target_kind)
         tf = np.zeros((n, c))
         tf[np.arange(n), t] = 1.0
     xf = x.astype(np.float64)
@@ -836,6 +884,10 @@ def test_softmax_cross_entropy_rejects_bad_labels():
     with pytest.raises(IndexError):
         K["softmax_cross_entropy_backward"](empty((3, 4), np.float32), put(np.ones(3, np.float32)), x,
                                             put(np.array([0, -5, 1], np.int32)))
+    for k, args in (("softmax_cross_entropy", (empty((3,), np.float32), x)),
+                    ("softmax_cross_entropy_backward", (empty((3, 4), np.float32), put(np.ones(3, np.float32)), x))):
+        with pytest.raises(IndexError, match="label -1 with 4 classes"):  # a class label never counts from the end
+            K[k](*args, put(np.array([0, -1, 1], np.int32)))
 
 
 # -- indexing -----------------------------------------------------------------------------------------------------

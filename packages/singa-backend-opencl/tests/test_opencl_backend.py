@@ -68,8 +68,8 @@ STREAMS = [(0, 0, 1000), (42, 6, 777), (0x1234_5678_9ABC_DEF0, 4 * (1 << 32) + 1
 
 @pytest.mark.parametrize(("seed", "offset", "n"), STREAMS)
 def test_philox_words_match_the_reference(ocl, seed, offset, n):
+    from singa.gpu.table import philox_u32
     from singa.testing.conformance.references import draws_u32
-    from singa_backend_opencl.table import philox_u32
 
     assert philox_u32(ocl, seed, offset, n) == list(draws_u32(seed, offset, n))
 
@@ -84,8 +84,8 @@ def _cpu():
 @pytest.mark.parametrize(("seed", "offset", "n"), STREAMS)
 def test_uniform_draws_bit_identical_to_cpu(ocl, seed, offset, n):
     cpu = _cpu()
+    from singa.gpu.table import philox_u32
     from singa_backend_cpu.table import philox_u32 as cpu_words
-    from singa_backend_opencl.table import philox_u32
 
     assert philox_u32(ocl, seed, offset, n) == cpu_words(seed, offset, n)
     for dtype, (low, high) in [(F32, (0.0, 1.0)), (F32, (-2.5, 3.75)), (F32, (0.1, 0.3)), (dtypes.float16, (-1, 7)),
@@ -200,7 +200,7 @@ def test_cache_off_and_unwritable(ocl, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SINGA_OPENCL_CACHE", str(blocker / "sub"))
-    monkeypatch.setattr(build, "_warned_write", False)
+    monkeypatch.setattr(build.CACHE, "_warned_write", False)
     with pytest.warns(RuntimeWarning, match="cannot write the kernel cache"):
         prog = _build(ocl, SOURCE + "\n/* unwritable */\n")
     assert _works(ocl, prog)
@@ -262,11 +262,21 @@ def test_float16_off_gives_a_clear_error(ocl, monkeypatch):
         tensor.Tensor((2, 3), dev, tensor.float16)
 
 
-def test_float64_is_refused_clearly(ocl):
-    x = View(ocl.alloc(64), dtypes.float64, (8,))
+def test_float64_where_the_device_has_it_and_refused_clearly_where_not(ocl, monkeypatch):
+    from singa_backend_opencl.device import OpenclDevice
+
+    x = np.linspace(-2, 2, 8)
+    if ocl.fp64:  # PoCL has cl_khr_fp64: float64 is computed in double
+        assert dtypes.float64 in ocl.dtypes
+        out = H.empty(ocl, (8,), dtypes.float64)
+        ocl.table["exp"](out, H.upload(ocl, x, dtypes.float64))
+        np.testing.assert_allclose(H.download(ocl, out), np.exp(x), rtol=1e-14)
+    monkeypatch.setenv("SINGA_OPENCL_FP64", "0")
+    off = OpenclDevice(0, ocl.info)
+    assert dtypes.float64 not in off.dtypes
     with pytest.raises(TypeError, match="float64") as err:
-        ocl.table["exp"](View(ocl.alloc(64), dtypes.float64, (8,)), x)
-    assert ocl.name in str(err.value)
+        off.table["exp"](View(off.alloc(64), dtypes.float64, (8,)), View(off.alloc(64), dtypes.float64, (8,)))
+    assert off.name in str(err.value)
 
 
 # -- strategies the conformance shapes do not all reach ----------------------------------------------------------------
@@ -275,7 +285,7 @@ def test_float64_is_refused_clearly(ocl):
 @pytest.mark.parametrize("dtype", [F32, dtypes.float16, dtypes.int32, dtypes.int64], ids=dtypes.name)
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "columns"])
 def test_scatter_add_both_strategies(ocl, monkeypatch, dtype, atomic):
-    from singa_backend_opencl import table
+    from singa.gpu import table
 
     monkeypatch.setattr(table, "SCATTER_ATOMIC_BELOW", 1 << 40 if atomic else 0)
     gen = np.random.default_rng(3)
@@ -335,6 +345,8 @@ def test_index_errors_leave_outputs_alone(ocl):
     loss = H.upload(ocl, np.full(3, 7.0, np.float32))
     with pytest.raises(IndexError, match="label 4 with 4 classes"):
         ocl.table["softmax_cross_entropy"](loss, x, H.upload(ocl, np.array([0, 4, 1], np.int32)))
+    with pytest.raises(IndexError, match="label -1 with 4 classes"):  # a class label never counts from the end
+        ocl.table["softmax_cross_entropy"](loss, x, H.upload(ocl, np.array([0, -1, 1], np.int32)))
     assert np.array_equal(ocl.read(loss), np.full(3, 7.0, np.float32))
     out = H.upload(ocl, np.zeros((3, 2), np.float32))
     with pytest.raises(IndexError, match="index -5 on axis 1 of length 4"):

@@ -58,6 +58,7 @@ def _cpu_model() -> str:
 class CpuDevice(Device):
     backend_name = "cpu"
     dtypes = dtypes.ALL + (dtypes.float64,)  # every kernel computes float64 where it computes float32
+    host_memory = True  # buffers are blocks of this process's memory: MPI reads and writes them in place
 
     def __init__(self, id: int = 0):
         super().__init__(id)
@@ -82,6 +83,14 @@ class CpuDevice(Device):
 
     def _copy_on_device(self, dst, dst_off: int, src, src_off: int, nbytes: int) -> None:
         lib.sg_memcopy(dst, dst_off, src, src_off, nbytes)
+
+    def host_buffer(self, view):
+        """The bytes of a contiguous view, writable, without a copy (valid while the view's buffer lives)."""
+        isz = dtypes.itemsize(view.dtype)
+        n = 1
+        for d in view.shape:
+            n *= d
+        return ffi.buffer(ffi.cast("char *", view.buffer.handle) + view.offset * isz, n * isz)
 
     def synchronize(self) -> None:
         """Kernels run synchronously on the calling thread (and its OpenMP team): nothing to wait for."""

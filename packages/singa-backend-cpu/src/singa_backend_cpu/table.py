@@ -8,11 +8,9 @@ layouts have their axes merged where the memory allows, then go to the strided C
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-from singa import dtypes, expressions, kernel_args
-from singa.backend import View
+from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
 from singa_backend_cpu.device import ffi, lib
 
 F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
@@ -24,12 +22,10 @@ _NULL = ffi.NULL
 
 # -- helpers ------------------------------------------------------------------------------------------------------
 
-_layouts = kernel_args.LAYOUTS
 _layout = kernel_args.layout
-_coalesce = kernel_args.coalesce
 _element_bits = kernel_args.element_bits
-_out_dtypes = kernel_args.elementwise_out_dtypes
 _describe = kernel_args.describe
+_run_layout = kernel_table.run_layout
 _STATUS = {1: MemoryError, 2: TypeError, 3: IndexError, 4: ValueError}
 
 
@@ -48,42 +44,8 @@ def _shape_error(name: str, views: tuple, what: str) -> ValueError:
     return kernel_args.shape_error("cpu", name, views, what)
 
 
-def _run_layout(contig: Callable, strided: Callable, shape: tuple, views: tuple, extra: tuple) -> None:
-    """Run an element-wise C kernel over views of any strides (all of `shape`); `extra` are trailing C arguments."""
-    n = math.prod(shape)
-    if n == 0:
-        return
-    dims, strides = _coalesce(shape, [v.strides for v in views])
-    args = []
-    for v in views:
-        args += (v.buffer.handle, v.offset)
-    if not dims or (len(dims) == 1 and all(s[0] == 1 for s in strides)):
-        contig(n, *args, *extra)
-        return
-    packed = ffi.new("int64_t[]", dims + [s for st in strides for s in st])
-    strided(len(dims), packed, *args, *extra)
-
-
 def _contiguous(v):
-    """The view itself when contiguous, else a contiguous copy on the same device (kernels outside the element-wise
-    family read plain row-major data; the core normally hands them that already)."""
-    if v is None:
-        return None
-    cs, n = _layout(v.shape)
-    if v.strides == cs or n <= 1:
-        return v
-    copy = View(v.buffer.device.alloc(n * ITEMSIZE[v.dtype]), v.dtype, v.shape)
-    _copy(copy, v)
-    return copy
-
-
-_pair = kernel_args.pair
-_padding4 = kernel_args.padding4
-_split = kernel_args.split
-
-
-def _norm_axis(axis: int, ndim: int, name: str) -> int:
-    return kernel_args.norm_axis(axis, ndim, name, "cpu")
+    return kernel_table.contiguous(v, _copy)
 
 
 # -- element-wise -------------------------------------------------------------------------------------------------
@@ -97,70 +59,10 @@ def _functions(pattern: str, dts) -> list:
     return fns
 
 
-def _reject(name: str, views: tuple, supported, out_dtypes: list) -> None:
-    """Raise the error that explains why the fast checks refused these views."""
-    raise kernel_args.elementwise_error("cpu", name, views, supported, out_dtypes)
-
-
-# Both factories below keep the hot path to a handful of attribute reads, tuple compares and one C call: this is
-# what a Python loop of small operations pays per call.
-
-
-def _make_binary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.kernel_dtypes
-    contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
-    strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
-    out_dtypes = _out_dtypes(entry)
-    layouts = _layouts
-
-    def kernel(out, a, b):
-        shape = out.shape
-        dt = a.dtype
-        fn = contig[dt]
-        if fn is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != shape or b.shape != shape:
-            _reject(name, (out, a, b), supported, out_dtypes)
-        cs, n = layouts.get(shape) or _layout(shape)
-        if a.strides == cs and b.strides == cs and out.strides == cs:
-            if n:
-                fn(n, out.buffer.handle, out.offset, a.buffer.handle, a.offset, b.buffer.handle, b.offset)
-            return
-        _run_layout(fn, strided[dt], shape, (out, a, b), ())
-
-    def kernel_params(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby): big operands, no fast path
-        dt = a.dtype
-        if contig[dt] is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != out.shape or \
-                b.shape != out.shape:
-            _reject(name, (out, a, b), supported, out_dtypes)
-        _run_layout(contig[dt], strided[dt], out.shape, (out, a, b), (alpha, beta))
-
-    if entry.takes_params:
-        kernel = kernel_params
-    kernel.__name__ = name
-    return kernel
-
-
-def _make_unary(entry: expressions.Elementwise) -> Callable:
-    name, supported = entry.name, entry.kernel_dtypes
-    contig = _functions(f"sg_ew_{name}_{{}}_c", supported)
-    strided = _functions(f"sg_ew_{name}_{{}}_s", supported)
-    out_dtypes = _out_dtypes(entry)
-    layouts = _layouts
-
-    def kernel(out, x, alpha=0.0, beta=0.0):
-        shape = out.shape
-        dt = x.dtype
-        fn = contig[dt]
-        if fn is None or out.dtype != out_dtypes[dt] or x.shape != shape:
-            _reject(name, (out, x), supported, out_dtypes)
-        cs, n = layouts.get(shape) or _layout(shape)
-        if x.strides == cs and out.strides == cs:
-            if n:
-                fn(n, out.buffer.handle, out.offset, x.buffer.handle, x.offset, alpha, beta)
-            return
-        _run_layout(fn, strided[dt], shape, (out, x), (alpha, beta))
-
-    kernel.__name__ = name
-    return kernel
+def _make_elementwise(entry: expressions.Elementwise) -> Callable:
+    supported = entry.kernel_dtypes
+    return kernel_table.elementwise_kernel("cpu", entry, _functions(f"sg_ew_{entry.name}_{{}}_c", supported),
+                                           _functions(f"sg_ew_{entry.name}_{{}}_s", supported))
 
 
 # -- memory: fill, copy, cast, where ------------------------------------------------------------------------------
@@ -245,10 +147,7 @@ def _make_reduce(name: str) -> Callable:
     def kernel(out, x, axes=()):
         x = _contiguous(x)
         nd = len(x.shape)
-        reduced = {_norm_axis(int(a), nd, name) for a in axes}
-        kept = tuple(s for d, s in enumerate(x.shape) if d not in reduced)
-        if math.prod(out.shape) != math.prod(kept):
-            raise _shape_error(name, (out, x), f"output must hold shape {kept}")
+        reduced, _ = kernel_checks.reduce_axes("cpu", name, out, x, axes)
         dims = ffi.new("int64_t[]", list(x.shape) + [1 if d in reduced else 0 for d in range(nd)] or [0])
         status = lib.sg_reduce(op, x.dtype, x.buffer.handle, x.offset, out.dtype, out.buffer.handle, out.offset, nd,
                                dims)
@@ -264,8 +163,7 @@ def _make_arg(name: str, want_max: int) -> Callable:
         x = _contiguous(x)
         if out.dtype != I64:
             raise _dtype_error(name, (out, x), (I64,))
-        axis = _norm_axis(int(axis), len(x.shape), name)
-        outer, length, inner = _split(x.shape, axis) if x.shape else (1, 1, 1)
+        axis, outer, length, inner = kernel_checks.arg_split("cpu", name, x, axis)
         status = lib.sg_argreduce(want_max, x.dtype, x.buffer.handle, x.offset, out.buffer.handle, out.offset, outer,
                                   length, inner)
         _check(status, name, (out, x), f"axis {axis} is empty" if status == 4 else "")
@@ -277,32 +175,14 @@ def _make_arg(name: str, want_max: int) -> Callable:
 # -- matrix product -----------------------------------------------------------------------------------------------
 
 
-def _as_batched(shape: tuple) -> tuple[int, int, int]:
-    if len(shape) < 2:
-        raise ValueError("matrices need at least 2 dimensions")
-    return math.prod(shape[:-2]), shape[-2], shape[-1]
-
-
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
     views = (out, a, b)
     if not (a.dtype == b.dtype == out.dtype):
         raise _dtype_error("matmul", views, FLOATS + (I32, I64))
     a, b = _contiguous(a), _contiguous(b)
-    try:
-        ba, ar, ac = _as_batched(a.shape)
-        bb, br, bc = _as_batched(b.shape)
-        batch, m, n = _as_batched(out.shape)
-    except ValueError as exc:
-        raise _shape_error("matmul", views, str(exc)) from None
-    am, ak = (ac, ar) if trans_a else (ar, ac)
-    bk, bn = (bc, br) if trans_b else (br, bc)
-    if am != m or bn != n or ak != bk or ba not in (1, batch) or bb not in (1, batch):
-        raise _shape_error("matmul", views, f"shapes do not match for trans_a={bool(trans_a)}, "
-                                            f"trans_b={bool(trans_b)}")
-    if out.strides != _layout(out.shape)[0]:
-        raise _shape_error("matmul", views, "the output must be contiguous")
+    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", (out, a, b), trans_a, trans_b, _layout(out.shape)[0])
     status = lib.sg_matmul(a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle,
-                           out.offset, batch, ba, bb, m, n, ak, 1 if trans_a else 0, 1 if trans_b else 0,
+                           out.offset, batch, ba, bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0,
                            alpha, beta)
     _check(status, "matmul", views)
 
@@ -311,18 +191,8 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
 
 
 def _conv_geometry(name: str, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views) -> object:
-    if len(x_shape) != 4 or len(w_shape) != 4 or len(y_shape) != 4:
-        raise _shape_error(name, views, "x, w and y must be 4-D (NCHW, KCHW)")
-    n, c, h, w = x_shape
-    k, cg, kh, kw = w_shape
-    groups = int(groups)
-    if groups < 1 or c != cg * groups or k % groups or y_shape[:2] != (n, k):
-        raise _shape_error(name, views, f"channels do not match with groups={groups}")
-    sh, sw = _pair(stride, "stride")
-    dh, dw = _pair(dilation, "dilation")
-    pt, pl, pb, pr = _padding4(padding)
-    return ffi.new("int64_t[]", [n, c, h, w, k, kh, kw, y_shape[2], y_shape[3], sh, sw, pt, pl, pb, pr, dh, dw,
-                                 groups])
+    g = kernel_checks.ConvGeometry("cpu", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views)
+    return ffi.new("int64_t[]", g.as_list())
 
 
 def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
@@ -361,20 +231,9 @@ def _conv2d_backward_weight(dw, dy, x, stride=(1, 1), padding=(0, 0, 0, 0), dila
     _check(status, "conv2d_backward_weight", views)
 
 
-_POOL_MODES = {"max": 0, "avg": 1, "average": 1}
-
-
 def _pool_geometry(name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views):
-    if len(x_shape) != 4 or len(y_shape) != 4 or x_shape[:2] != y_shape[:2]:
-        raise _shape_error(name, views, "x and the output must be 4-D NCHW with the same N and C")
-    if mode not in _POOL_MODES:
-        raise ValueError(f"cpu kernel {name}: mode must be 'max' or 'avg', got {mode!r}")
-    kh, kw = _pair(kernel, "kernel")
-    sh, sw = _pair(stride if stride is not None else (kh, kw), "stride")
-    dh, dw = _pair(dilation, "dilation")
-    pt, pl, pb, pr = _padding4(padding)
-    n, c, h, w = x_shape
-    return ffi.new("int64_t[]", [n, c, h, w, y_shape[2], y_shape[3], kh, kw, sh, sw, pt, pl, pb, pr, dh, dw])
+    g = kernel_checks.PoolGeometry("cpu", name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views)
+    return g.mode_code, ffi.new("int64_t[]", g.as_list())
 
 
 def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
@@ -382,12 +241,11 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
     views = (out, indices, x)
     if x.dtype not in FLOATS or out.dtype != x.dtype:
         raise _dtype_error("pool2d", views, FLOATS)
-    if indices is not None and (indices.dtype != I64 or indices.shape != out.shape):
-        raise _shape_error("pool2d", views, "indices must be int64 of the output's shape")
+    kernel_checks.pool_indices("cpu", views, indices, out)
     x = _contiguous(x)
-    geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
+    code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
-    status = lib.sg_pool2d(x.dtype, _POOL_MODES[mode], 1 if count_include_pad else 0, x.buffer.handle, x.offset,
+    status = lib.sg_pool2d(x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset,
                            out.buffer.handle, out.offset, ih, io, geom)
     _check(status, "pool2d", views)
 
@@ -397,13 +255,12 @@ def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0,
     views = (dx, dy, x, indices)
     if dy.dtype not in FLOATS or dx.dtype != dy.dtype:
         raise _dtype_error("pool2d_backward", views, FLOATS)
-    if mode == "max" and indices is None and (x is None or x.dtype != dy.dtype):
-        raise _shape_error("pool2d_backward", views, "max pooling needs the forward's indices or its input x")
+    kernel_checks.pool_backward_source("cpu", views, mode, indices, x, dy.dtype)
     dy, x, indices = _contiguous(dy), _contiguous(x), _contiguous(indices)
-    geom = _pool_geometry("pool2d_backward", dx.shape, dy.shape, kernel, stride, padding, dilation, mode, views)
+    code, geom = _pool_geometry("pool2d_backward", dx.shape, dy.shape, kernel, stride, padding, dilation, mode, views)
     xh, xo = (x.buffer.handle, x.offset) if x is not None else (_NULL, 0)
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
-    status = lib.sg_pool2d_backward(dy.dtype, _POOL_MODES[mode], 1 if count_include_pad else 0, dy.buffer.handle,
+    status = lib.sg_pool2d_backward(dy.dtype, code, 1 if count_include_pad else 0, dy.buffer.handle,
                                     dy.offset, xh, xo, ih, io, dx.buffer.handle, dx.offset, geom)
     _check(status, "pool2d_backward", views)
 
@@ -412,9 +269,7 @@ def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0,
 
 
 def _bn_dims(name: str, x, views) -> tuple[int, int, int]:
-    if len(x.shape) < 2:
-        raise _shape_error(name, views, "x must be (N, C) or (N, C, ...)")
-    return x.shape[0], x.shape[1], math.prod(x.shape[2:])
+    return kernel_checks.bn_dims("cpu", name, x, views)
 
 
 def _vec(v) -> tuple:
@@ -475,10 +330,7 @@ def _make_softmax(name: str, log: int) -> Callable:
         if x.dtype not in FLOATS or out.dtype != x.dtype:
             raise _dtype_error(name, views, FLOATS)
         x = _contiguous(x)
-        if not x.shape:  # a 0-d softmax is over one element
-            outer, length, inner = 1, 1, 1
-        else:
-            outer, length, inner = _split(x.shape, _norm_axis(int(axis), len(x.shape), name))
+        outer, length, inner = kernel_checks.softmax_split("cpu", name, x, axis)
         status = lib.sg_softmax(x.dtype, log, x.buffer.handle, x.offset, out.buffer.handle, out.offset, outer,
                                 length, inner)
         _check(status, name, views)
@@ -493,10 +345,7 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
         if dy.dtype not in FLOATS or y.dtype != dy.dtype or dx.dtype != dy.dtype:
             raise _dtype_error(name, views, FLOATS)
         dy, y = _contiguous(dy), _contiguous(y)
-        if not y.shape:
-            outer, length, inner = 1, 1, 1
-        else:
-            outer, length, inner = _split(y.shape, _norm_axis(int(axis), len(y.shape), name))
+        outer, length, inner = kernel_checks.softmax_split("cpu", name, y, axis)
         status = lib.sg_softmax_backward(dy.dtype, log, dy.buffer.handle, dy.offset, y.buffer.handle, y.offset,
                                          dx.buffer.handle, dx.offset, outer, length, inner)
         _check(status, name, views)
@@ -506,18 +355,7 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
 
 
 def _xent_check(name: str, x, target, views) -> tuple[int, int]:
-    if x.dtype not in FLOATS or len(x.shape) != 2:
-        raise _shape_error(name, views, "x must be a float (N, C) matrix")
-    n, c = x.shape
-    if target.dtype in (I32, I64):
-        if math.prod(target.shape) != n:
-            raise _shape_error(name, views, "integer targets must hold N labels")
-    elif target.dtype in FLOATS:
-        if tuple(target.shape) != (n, c):
-            raise _shape_error(name, views, "probability targets must have x's shape")
-    else:
-        raise _dtype_error(name, views, (I32, I64) + FLOATS)
-    return n, c
+    return kernel_checks.xent_dims("cpu", name, x, target, views, FLOATS, (I32, I64))
 
 
 def _softmax_cross_entropy(loss, x, target) -> None:
@@ -552,15 +390,10 @@ def _gather(out, x, indices, axis=0) -> None:
     if indices.dtype not in (I32, I64) or out.dtype != x.dtype:
         raise _dtype_error("gather", views, (I32, I64))
     x, indices = _contiguous(x), _contiguous(indices)
-    axis = _norm_axis(int(axis), len(x.shape), "gather")
-    expect = x.shape[:axis] + tuple(indices.shape) + x.shape[axis + 1:]
-    if tuple(out.shape) != expect:
-        raise _shape_error("gather", views, f"the output must have shape {expect}")
-    outer, length, inner = _split(x.shape, axis)
+    axis, outer, length, inner, count = kernel_checks.gather_dims("cpu", out, x, indices, axis)
     bad = ffi.new("int64_t *")
     status = lib.sg_gather(ITEMSIZE[x.dtype], x.buffer.handle, x.offset, indices.dtype, indices.buffer.handle,
-                           indices.offset, out.buffer.handle, out.offset, outer, length, inner,
-                           math.prod(indices.shape), bad)
+                           indices.offset, out.buffer.handle, out.offset, outer, length, inner, count, bad)
     _check(status, "gather", views, f"index {bad[0]} on axis {axis} of length {length}" if status == 3 else "")
 
 
@@ -569,37 +402,23 @@ def _scatter_add(out, indices, updates, axis=0) -> None:
     if indices.dtype not in (I32, I64) or updates.dtype != out.dtype:
         raise _dtype_error("scatter_add", views, (I32, I64))
     indices, updates = _contiguous(indices), _contiguous(updates)
-    axis = _norm_axis(int(axis), len(out.shape), "scatter_add")
-    expect = out.shape[:axis] + tuple(indices.shape) + out.shape[axis + 1:]
-    if tuple(updates.shape) != expect:
-        raise _shape_error("scatter_add", views, f"updates must have shape {expect}")
-    outer, length, inner = _split(out.shape, axis)
+    axis, outer, length, inner, count = kernel_checks.scatter_dims("cpu", out, indices, updates, axis)
     bad = ffi.new("int64_t *")
     status = lib.sg_scatter_add(out.dtype, out.buffer.handle, out.offset, indices.dtype, indices.buffer.handle,
-                                indices.offset, updates.buffer.handle, updates.offset, outer, length, inner,
-                                math.prod(indices.shape), bad)
+                                indices.offset, updates.buffer.handle, updates.offset, outer, length, inner, count,
+                                bad)
     _check(status, "scatter_add", views, f"index {bad[0]} on axis {axis} of length {length}" if status == 3 else "")
-
-
-_PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2}
 
 
 def _pad(out, x, pads, mode="constant", value=0.0) -> None:
     views = (out, x)
     if out.dtype != x.dtype:
         raise _dtype_error("pad", views, (x.dtype,))
-    if mode not in _PAD_MODES:
-        raise ValueError(f"cpu kernel pad: mode must be 'constant', 'reflect' or 'edge', got {mode!r}")
     x = _contiguous(x)
+    pads, _ = kernel_checks.pad_dims("cpu", out, x, pads, mode)
     nd = len(x.shape)
-    pads = [int(p) for p in pads]
-    if len(pads) != 2 * nd or min(pads, default=0) < 0:
-        raise _shape_error("pad", views, f"pads must be {2 * nd} non-negative numbers, got {pads}")
-    expect = tuple(s + pads[d] + pads[d + nd] for d, s in enumerate(x.shape))
-    if tuple(out.shape) != expect:
-        raise _shape_error("pad", views, f"the output must have shape {expect}")
     dims = ffi.new("int64_t[]", list(x.shape) + list(out.shape) + pads[:nd] or [0])
-    status = lib.sg_pad(ITEMSIZE[x.dtype], _PAD_MODES[mode], x.buffer.handle, x.offset, out.buffer.handle,
+    status = lib.sg_pad(ITEMSIZE[x.dtype], kernel_checks.PAD_MODES[mode], x.buffer.handle, x.offset, out.buffer.handle,
                         out.offset, nd, dims, _element_bits(x.dtype, value))
     _check(status, "pad", views, f"mode {mode!r} needs a non-empty input" if status == 4 else "")
 
@@ -613,9 +432,7 @@ def _random_out(name: str, out, allowed) -> int:
     if out.dtype not in allowed:
         raise _dtype_error(name, (out,), allowed)
     cs, n = _layout(out.shape)
-    if out.strides != cs:
-        raise _shape_error(name, (out,), "the output must be contiguous")
-    return n
+    return kernel_checks.random_count("cpu", name, out, cs, n)
 
 
 def _random_uniform(out, low=0.0, high=1.0, seed=0, offset=0) -> None:
@@ -645,30 +462,16 @@ def philox_u32(seed: int, offset: int, n: int) -> list[int]:
 
 # -- the table ----------------------------------------------------------------------------------------------------
 
+_reduce_sum = _make_reduce("reduce_sum")
+_reduce_mean = _make_reduce("reduce_mean")
+_reduce_max = _make_reduce("reduce_max")
+_reduce_min = _make_reduce("reduce_min")
+_reduce_prod = _make_reduce("reduce_prod")
+_argmax = _make_arg("argmax", 1)
+_argmin = _make_arg("argmin", 0)
+_softmax = _make_softmax("softmax", 0)
+_log_softmax = _make_softmax("log_softmax", 1)
+_softmax_backward = _make_softmax_backward("softmax_backward", 0)
+_log_softmax_backward = _make_softmax_backward("log_softmax_backward", 1)
 
-def build() -> dict[str, Callable]:
-    table: dict[str, Callable] = {}
-    for entry in expressions.TABLE.values():
-        table[entry.name] = _make_unary(entry) if entry.arity == 1 else _make_binary(entry)
-    table.update({
-        "fill": _fill, "copy": _copy, "cast": _cast, "where": _where,
-        **{name: _make_reduce(name) for name in _REDUCE_OPS},
-        "argmax": _make_arg("argmax", 1), "argmin": _make_arg("argmin", 0),
-        "matmul": _matmul,
-        "conv2d": _conv2d, "conv2d_backward_data": _conv2d_backward_data,
-        "conv2d_backward_weight": _conv2d_backward_weight,
-        "pool2d": _pool2d, "pool2d_backward": _pool2d_backward,
-        "batchnorm_train": _batchnorm_train, "batchnorm_infer": _batchnorm_infer,
-        "batchnorm_backward": _batchnorm_backward,
-        "softmax": _make_softmax("softmax", 0), "log_softmax": _make_softmax("log_softmax", 1),
-        "softmax_backward": _make_softmax_backward("softmax_backward", 0),
-        "log_softmax_backward": _make_softmax_backward("log_softmax_backward", 1),
-        "softmax_cross_entropy": _softmax_cross_entropy,
-        "softmax_cross_entropy_backward": _softmax_cross_entropy_backward,
-        "gather": _gather, "scatter_add": _scatter_add, "pad": _pad,
-        "random_uniform": _random_uniform, "random_normal": _random_normal, "random_bernoulli": _random_bernoulli,
-    })
-    return table
-
-
-kernels: dict[str, Callable] = build()
+kernels: dict[str, Callable] = kernel_table.assemble(_make_elementwise, globals())

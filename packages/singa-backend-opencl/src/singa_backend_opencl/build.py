@@ -5,13 +5,11 @@ of its family is needed on a device. The binary the driver returns (CL_PROGRAM_B
 
     $SINGA_OPENCL_CACHE, else $XDG_CACHE_HOME/singa/opencl, else ~/.cache/singa/opencl
 
-in a file named after the program and a SHA-256 key over the source, the build options, the device name, the driver
-version, the platform version and this file's format version: a new driver or a changed kernel gives a new key, so a
-stale binary is never looked up. Each file carries the SHA-256 of the binary it holds. Loading checks the checksum
-*before* the driver sees the bytes (some drivers abort the process on a malformed binary), then
-clCreateProgramWithBinary and clBuildProgram must both succeed; anything else deletes the entry and rebuilds from
-source. Writing is atomic (a temporary file renamed over the entry), and a cache that cannot be written only costs
-the rebuild next time. SINGA_OPENCL_CACHE=off disables it.
+(singa.kernel_cache) in a file named after the program and a SHA-256 key over the source, the build options, the
+device name, the driver version, the platform version and the cache's format: a new driver or a changed kernel gives a
+new key, so a stale binary is never looked up. The checksum of each entry is checked before the driver sees the bytes,
+then clCreateProgramWithBinary and clBuildProgram must both succeed; anything else deletes the entry and rebuilds from
+source. SINGA_OPENCL_CACHE=off disables it.
 
 A source that does not compile raises `OpenCLBuildError`, carrying the program's name, the device and the compiler's
 build log.
@@ -19,23 +17,20 @@ build log.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import struct
-import tempfile
-import warnings
 from pathlib import Path
 
+from singa.kernel_cache import BinaryCache
 from singa_backend_opencl import cl
 from singa_backend_opencl.cl import ffi
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
-FORMAT = b"SGCLBIN1"  # file magic; bump it to invalidate every cached binary
-_HEADER = struct.Struct("<8s32sQ")  # magic, sha256 of the binary, its length
-
+CACHE = BinaryCache("opencl", "SINGA_OPENCL_CACHE", b"SGCLBIN1", ".clbin")  # bump the magic to invalidate entries
 # What happened to each build request in this process (tests and `python -m singa info` read it).
-stats = {"cache_hits": 0, "compiled": 0, "rejected": 0, "write_errors": 0}
+stats = CACHE.stats
+cache_dir = CACHE.directory
+_read_entry = CACHE.read
+_discard = CACHE.discard
+_write_entry = CACHE.write
 
 
 class OpenCLBuildError(RuntimeError):
@@ -50,35 +45,16 @@ class OpenCLBuildError(RuntimeError):
                          f"({cl.ERRORS.get(code, code)}); build log:\n{log.strip() or '(empty)'}")
 
 
-def cache_dir() -> Path | None:
-    """Where binaries are kept, or None when caching is off."""
-    env = os.environ.get("SINGA_OPENCL_CACHE")
-    if env is not None and env.strip().lower() in ("", "0", "off", "none"):
-        return None
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "singa" / "opencl"
-
-
 def read_source(*names: str) -> str:
     return "\n".join((KERNELS / n).read_text() for n in names)
 
 
 def cache_key(source: str, options: str, device_key: str) -> str:
-    h = hashlib.sha256()
-    for part in (FORMAT.decode(), device_key, options, source):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    return CACHE.key(device_key, options, source)
 
 
 def cache_path(name: str, source: str, options: str, device_key: str) -> Path | None:
-    d = cache_dir()
-    if d is None:
-        return None
-    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
-    return d / f"{safe}-{cache_key(source, options, device_key)[:40]}.clbin"
+    return CACHE.path(name, device_key, options, source)
 
 
 def _build_log(program, device_id) -> str:
@@ -134,56 +110,6 @@ def _from_binary(context, device_id, blob: bytes, options: str):
         cl.lib.clReleaseProgram(program)
         return None
     return program
-
-
-def _read_entry(path: Path) -> bytes | None:
-    """The binary of a cache file, or None (and the file removed) when it is not exactly what was written."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return None
-    ok = len(raw) >= _HEADER.size
-    if ok:
-        magic, digest, length = _HEADER.unpack_from(raw)
-        blob = raw[_HEADER.size:]
-        ok = magic == FORMAT and length == len(blob) and length > 0 and hashlib.sha256(blob).digest() == digest
-    if not ok:
-        _discard(path)
-        return None
-    return blob
-
-
-def _discard(path: Path) -> None:
-    stats["rejected"] += 1
-    with contextlib.suppress(OSError):
-        path.unlink()
-
-
-_warned_write = False
-
-
-def _write_entry(path: Path, blob: bytes) -> None:
-    global _warned_write
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(FORMAT, hashlib.sha256(blob).digest(), len(blob)))
-                f.write(blob)
-            os.replace(tmp, path)  # atomic: a reader sees the old entry or the whole new one
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as exc:
-        stats["write_errors"] += 1
-        if not _warned_write:
-            _warned_write = True
-            warnings.warn(f"singa opencl: cannot write the kernel cache at {path.parent} ({exc}); programs will be "
-                          "rebuilt in every process (set SINGA_OPENCL_CACHE to a writable folder)", RuntimeWarning,
-                          stacklevel=4)
 
 
 def build_program(context, device_id, device_name: str, device_key: str, name: str, source: str, options: str):

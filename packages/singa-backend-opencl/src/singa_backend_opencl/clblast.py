@@ -1,8 +1,9 @@
 """cffi (ABI mode) bindings of the CLBlast GEMM routines (Debian's libclblast1), on the OpenCL types of `cl.py`.
 
-Only the matrix products are bound: single precision plain, batched (an offset per matrix, so a broadcast operand is
-the same offset repeated) and strided-batched, plus the half-precision product for devices with cl_khr_fp16. When the
-library is missing, `lib` is None and `load_error` says why; the backend then multiplies with its own kernel.
+Only the matrix products are bound: single and double precision plain, batched (an offset per matrix, so a broadcast
+operand is the same offset repeated) and strided-batched, plus the half-precision product for devices with
+cl_khr_fp16. When the library is missing, `lib` is None and `load_error` says why; the backend then multiplies with
+its own kernel.
 """
 
 from __future__ import annotations
@@ -47,6 +48,27 @@ CLBlastStatusCode CLBlastSgemmStridedBatched(const CLBlastLayout layout, const C
                                              const size_t a_offset, const size_t a_ld, const size_t a_stride,
                                              const cl_mem b_buffer, const size_t b_offset, const size_t b_ld,
                                              const size_t b_stride, const float beta, cl_mem c_buffer,
+                                             const size_t c_offset, const size_t c_ld, const size_t c_stride,
+                                             const size_t batch_count, cl_command_queue *queue, cl_event *event);
+CLBlastStatusCode CLBlastDgemm(const CLBlastLayout layout, const CLBlastTranspose a_transpose,
+                               const CLBlastTranspose b_transpose, const size_t m, const size_t n, const size_t k,
+                               const double alpha, const cl_mem a_buffer, const size_t a_offset, const size_t a_ld,
+                               const cl_mem b_buffer, const size_t b_offset, const size_t b_ld, const double beta,
+                               cl_mem c_buffer, const size_t c_offset, const size_t c_ld, cl_command_queue *queue,
+                               cl_event *event);
+CLBlastStatusCode CLBlastDgemmBatched(const CLBlastLayout layout, const CLBlastTranspose a_transpose,
+                                      const CLBlastTranspose b_transpose, const size_t m, const size_t n,
+                                      const size_t k, const double *alphas, const cl_mem a_buffer,
+                                      const size_t *a_offsets, const size_t a_ld, const cl_mem b_buffer,
+                                      const size_t *b_offsets, const size_t b_ld, const double *betas,
+                                      cl_mem c_buffer, const size_t *c_offsets, const size_t c_ld,
+                                      const size_t batch_count, cl_command_queue *queue, cl_event *event);
+CLBlastStatusCode CLBlastDgemmStridedBatched(const CLBlastLayout layout, const CLBlastTranspose a_transpose,
+                                             const CLBlastTranspose b_transpose, const size_t m, const size_t n,
+                                             const size_t k, const double alpha, const cl_mem a_buffer,
+                                             const size_t a_offset, const size_t a_ld, const size_t a_stride,
+                                             const cl_mem b_buffer, const size_t b_offset, const size_t b_ld,
+                                             const size_t b_stride, const double beta, cl_mem c_buffer,
                                              const size_t c_offset, const size_t c_ld, const size_t c_stride,
                                              const size_t batch_count, cl_command_queue *queue, cl_event *event);
 CLBlastStatusCode CLBlastClearCache(void);

@@ -7,8 +7,9 @@ be gone as soon as we return. `synchronize()` is clFinish.
 
 Device capabilities decide the dtypes: float32, int32, int64 and bool always; float16 where the device can convert
 it (vload_half / vstore_half are core OpenCL C on full-profile devices; cl_khr_fp16 is not needed because float16 is
-computed in float32, as the contract allows); float64 is not offered. A kernel handed a dtype its device lacks raises
-`UnsupportedDtypeError` naming the device and the missing extension.
+computed in float32, as the contract allows); float64 where the device has cl_khr_fp64 (SINGA_OPENCL_FP64=0 turns it
+off). A kernel handed a dtype its device lacks raises `UnsupportedDtypeError` naming the device and the missing
+extension.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class OpenclDevice(Device):
         self.fp64 = info.fp64()
         self.fp16_reason = info.fp16_missing()
         self.int64_atomics = "cl_khr_int64_base_atomics" in info.extensions
-        self.dtypes = tuple(d for d in dtypes.ALL if d != dtypes.float16 or self.fp16_reason is None)
+        self.dtypes = (tuple(d for d in dtypes.ALL if d != dtypes.float16 or self.fp16_reason is None)
+                       + ((dtypes.float64,) if self.fp64 else ()))
         # one work-group size for every 1-D launch: PoCL compiles a kernel once per local size, so it never varies
         self.wg = 1 << (int(min(256, info.max_work_group)).bit_length() - 1)  # a power of two: trees halve it
         self.build_options = " ".join(o for o, on in (("-DSG_FP64", self.fp64),
@@ -119,7 +121,7 @@ class OpenclDevice(Device):
         self._programs: dict[str, build.Program] = {}
         self._kernels: dict[tuple, object] = {}
         self._small_wg: dict = {}
-        self._scratch: dict[str, object] = {}
+        self._scratch: dict[tuple[str, int], object] = {}
         # a kernel's arguments are state of the kernel object: setting them and enqueueing is one step per thread
         self._launch_lock = threading.Lock()
         from singa_backend_opencl.table import kernels
@@ -243,18 +245,20 @@ class OpenclDevice(Device):
                                                 _NULL, _NULL), "clEnqueueFillBuffer")
 
     def scratch(self, name: str, nbytes: int):
-        """A small buffer the device keeps for flags and counters (a Buffer from the pool, reused)."""
-        buf = self._scratch.get(name)
+        """A small buffer the device keeps for flags and counters (a Buffer from the pool, reused), one per thread:
+        two threads checking indices at once must not share a flag."""
+        key = (name, threading.get_ident())
+        buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._scratch[name] = self.alloc(nbytes)
+            buf = self._scratch[key] = self.alloc(nbytes)
         return buf
 
     def dtype_error(self, kernel: str, dtype: int) -> UnsupportedDtypeError:
         if dtype == dtypes.float16 and self.fp16_reason:
             why = self.fp16_reason
         elif dtype == dtypes.float64:
-            why = ("the OpenCL backend computes no float64" + ("" if "cl_khr_fp64" in self.info.extensions else
-                                                               " (and the device lacks cl_khr_fp64)"))
+            why = ("the device lacks cl_khr_fp64" if "cl_khr_fp64" not in self.info.extensions
+                   else "float64 is turned off by SINGA_OPENCL_FP64=0")
         else:
             why = "the kernel does not take it"
         return UnsupportedDtypeError(f"opencl kernel {kernel}: dtype {dtypes.name(dtype)} is not supported on "

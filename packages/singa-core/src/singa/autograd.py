@@ -1,22 +1,34 @@
 """SINGA's `autograd` module: reverse-mode differentiation over `singa.ops`, with SINGA's Operator API.
 
-While the module flag `training` is True, calling an `Operator` records, for every input, the operator that produced
-it (its `creator`; a leaf gets a `Dummy`), and marks the outputs with `creator = op`. `backward(loss)` walks that graph
-from the loss, summing every gradient contribution of a tensor before the operator that produced it runs its own
-backward (dependency counting), and yields `(param, grad)` for each tensor with `stores_grad=True`.
+Calling an `Operator` records, for every input, the operator that produced it (its `creator`; a leaf gets a `Dummy`),
+and marks the outputs with `creator = op`, whatever the flag `training` (one per thread) says: the graph's topology
+always exists, so that a forward pass run in evaluation mode can be exported (`sonnx.to_onnx`). The flag decides what
+the operators keep for the backward pass: while `training` is True they keep it, otherwise nothing (and backward
+through them fails). `backward(loss)` walks the graph from the loss, summing every gradient contribution of a tensor
+before the operator that produced it runs its own backward (dependency counting), and yields `(param, grad)` for each
+tensor with `stores_grad=True`.
 
 Every forward and backward computation goes through `singa.ops`, so it runs on whatever device the tensors live on.
 Our Tensor is also SINGA's raw data (`CTensor`): `forward` and `backward` take and return Tensors.
 
-Memory: an operator keeps the tensors its backward needs only while it is waiting for that backward; they are dropped
-as soon as it has run (and never kept when `training` is False). The graph holds no reference cycles, so it is freed as
-soon as the loss tensor goes away.
+Memory: an operator keeps the tensors its backward needs as long as the graph lives, so that `backward` may run twice
+over one graph as in SINGA (a GAN updates two parts of a model from one loss); they are never kept when `training` is
+False. `backward(loss, retain_graph=False)` drops each operator's tensors as soon as its backward has run (an
+optimizer's `opt(loss)` does this: the step is done with the graph). The graph holds no reference cycles, so it is
+freed as soon as the loss tensor goes away.
+
+Errors: an operator (or layer) given invalid input raises ValueError or TypeError naming what is wrong; the error is
+also an AssertionError, the type SINGA's own asserts raise, so scripts written for either catch it.
 """
 
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
+import sys
+import threading
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +41,44 @@ from singa import ops
 from singa.tensor import Tensor
 
 CTensor = Tensor  # SINGA's raw tensor type; here the Tensor is its own data
-training = False
+
+
+class _TrainingFlag(threading.local):
+    """SINGA's `autograd.training`, kept per thread (as PyTorch's grad mode): a model evaluated in one thread never
+    switches recording off for another. A new thread starts from the value the main thread set last.
+
+    Inside this module `training` is this object, whose truth is the calling thread's flag (`if training:`); from
+    outside, `autograd.training` reads and assigns the calling thread's flag through the module's property below."""
+
+    main_value = False  # class attribute: what the main thread set last, the start value of new threads
+
+    def __init__(self) -> None:
+        self.value = _TrainingFlag.main_value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def set(self, flag: Any) -> None:
+        self.value = flag = bool(flag)
+        if threading.current_thread() is threading.main_thread():
+            _TrainingFlag.main_value = flag
+
+
+training = _TrainingFlag()
+_op_ids = itertools.count()  # operator names stay unique when several threads create operators
+
+
+class _AutogradModule(types.ModuleType):
+    @property
+    def training(self) -> bool:
+        return training.value
+
+    @training.setter
+    def training(self, flag: Any) -> None:
+        training.set(flag)
+
+
+sys.modules[__name__].__class__ = _AutogradModule
 
 _FLOATS = frozenset(_dt.FLOATS + (_dt.float64,))
 _INTS = frozenset(_dt.INTS)
@@ -47,6 +96,38 @@ def __getattr__(name: str) -> Any:
 
         return getattr(layer, name)
     raise AttributeError(f"module 'singa.autograd' has no attribute {name!r}")
+
+
+# -- error types: ours (ValueError, TypeError) that are also SINGA's (its operators validate with assert) -------------
+
+
+class InvalidInputError(ValueError, AssertionError):
+    """Invalid operator or layer input (a shape, an axis, a value): a ValueError, and an AssertionError as SINGA's."""
+
+
+class InvalidTypeError(TypeError, ValueError, AssertionError):
+    """An operator or layer input of the wrong type or dtype: a TypeError, also a ValueError and an AssertionError
+    (what SINGA raises for it)."""
+
+
+class InvalidIndexError(IndexError, ValueError, AssertionError):
+    """An index out of range: an IndexError, also a ValueError and an AssertionError (what SINGA raises for it)."""
+
+
+_COMPAT_ERRORS = {ValueError: InvalidInputError, TypeError: InvalidTypeError, IndexError: InvalidIndexError}
+
+
+def _compat_error(exc: BaseException) -> BaseException:
+    """A plain ValueError / TypeError / IndexError re-made as the matching Invalid*Error (same message and traceback);
+    anything else as it is."""
+    cls = _COMPAT_ERRORS.get(type(exc))
+    if cls is None:
+        return exc
+    new = cls(*exc.args)
+    new.__traceback__ = exc.__traceback__
+    new.__cause__, new.__context__ = exc.__cause__, exc.__context__
+    new.__suppress_context__ = exc.__suppress_context__
+    return new
 
 
 
@@ -153,15 +234,19 @@ class Operator:
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            name = f"{type(self).__name__}#{Operator.op_count}"
-            Operator.op_count += 1
+            n = next(_op_ids)
+            name = f"{type(self).__name__}#{n}"
+            Operator.op_count = n + 1
         self.name = name
         self.src: list = []
         self.requires_grad = False
         self.y_id2idx: dict = {}
 
     def __call__(self, *xs: Any) -> tuple:
-        return self._do_forward(*xs)
+        try:
+            return self._do_forward(*xs)
+        except (ValueError, TypeError, IndexError) as exc:
+            raise _compat_error(exc) from None
 
     def output_name(self, idx: int) -> str:
         return f"{self.name}:{idx}"
@@ -197,30 +282,30 @@ class Operator:
         d = self.__dict__
         if "_init_keys" not in d:
             # attributes set by __init__ (constructor arguments) survive _release; forward's saved tensors do not
-            d["_init_keys"] = frozenset(d) | {"_init_keys"}
-        record = training
+            d["_init_keys"] = frozenset(d) | _BOOKKEEPING
+        record = training.value  # keep what backward needs (the topology is recorded either way)
         d.pop("_released", None)  # an instance may be called again (layers keep theirs)
+        d["_no_grad"] = not record
         # An input needs a gradient when it requires one and someone will consume it: a stored leaf (parameter) or
         # an operator's output. A leaf that only requires grad (an input batch) gets none: nothing would read it,
         # and skipping it saves e.g. the first convolution's backward-data pass.
         d["_req"] = tuple(x.requires_grad and (x.stores_grad or not (x.creator is None or x.creator.__class__ is Dummy))
                           for x in xs)
         self.requires_grad = record and any(d["_req"])
-        if record:
-            src, meta = [], []
-            for x, g in zip(xs, given):
-                creator = x.creator
-                if creator is None:
-                    if x is g:
-                        creator = x.creator = Dummy(x)
-                    else:  # a constant made from a number or array: its Dummy holds it, it does not point back
-                        creator = Dummy(x, keep=True)
-                idx = creator.y_id2idx.get(id(x), 0)
-                # SINGA's 4-tuple (creator, id, tensor when its gradient is wanted, stores_grad), plus our own meta
-                src.append((creator, id(x), x if x.stores_grad else None, x.stores_grad))
-                meta.append((idx, x.requires_grad, x.shape))
-            self.src = src
-            d["_src_meta"] = meta
+        src, meta = [], []
+        for x, g in zip(xs, given):
+            creator = x.creator
+            if creator is None:
+                if x is g:
+                    creator = x.creator = Dummy(x)
+                else:  # a constant made from a number or array: its Dummy holds it, it does not point back
+                    creator = Dummy(x, keep=True)
+            idx = creator.y_id2idx.get(id(x), 0)
+            # SINGA's 4-tuple (creator, id, tensor when its gradient is wanted, stores_grad), plus our own meta
+            src.append((creator, id(x), x if x.stores_grad else None, x.stores_grad))
+            meta.append((idx, x.requires_grad, x.shape))
+        self.src = src
+        d["_src_meta"] = meta
         ys = self.forward(*xs)
         outs = tuple(ys) if isinstance(ys, (tuple, list)) else (ys,)
         # An output object that is an input, a tensor kept by this op, or another op's output gets a fresh view
@@ -233,8 +318,8 @@ class Operator:
             if id(y) in taken or y.creator is not None:
                 y = ops.reshape(y, y.shape)
             taken.add(id(y))
-            y.creator = self if record else None
-            y.requires_grad = self.requires_grad if record else any(d["_req"])
+            y.creator = self
+            y.requires_grad = self.requires_grad
             y.stores_grad = False
             wrapped.append(y)
         self.y_id2idx = {id(y): i for i, y in enumerate(wrapped)}
@@ -268,9 +353,16 @@ def _holds_tensor(v: Any) -> bool:
     return False
 
 
+# what _do_forward records about every call (never a tensor saved for backward)
+_BOOKKEEPING = frozenset({"_init_keys", "_released", "_no_grad", "_req", "src", "_src_meta", "y_id2idx", "_y_meta",
+                          "requires_grad", "name"})
+
+
 def _saved_ids(op: Operator) -> set:
     out = set()
-    for v in op.__dict__.values():
+    for k, v in op.__dict__.items():
+        if k in _BOOKKEEPING:
+            continue
         if isinstance(v, Tensor):
             out.add(id(v))
         elif isinstance(v, (tuple, list)):
@@ -291,7 +383,9 @@ def _tensor_inputs(opname: str, xs: tuple) -> tuple:
             out.append(x)
             continue
         if isinstance(x, ops.SCALAR_TYPES):
-            c = ops.full((), x, like.dtype, like.device)
+            # a float number with integer tensors is a float32 constant (the operation then computes in float)
+            dt = _dt.float32 if isinstance(x, (float, np.floating)) and not _is_float(like) else like.dtype
+            c = ops.full((), x, dt, like.device)
         elif isinstance(x, (np.ndarray, list, tuple)):
             arr = np.asarray(x)
             same_kind = (arr.dtype.kind == "f") == _is_float(like)
@@ -391,13 +485,14 @@ def _fit(dx: Tensor, shape: tuple, op: Operator, i: int) -> Tensor:
     raise ValueError(f"{op.name}: backward returned a gradient of shape {dx.shape} for input {i} of shape {shape}")
 
 
-def backward(y: Tensor, dy: Any = None, *, retain_graph: bool = False) -> Iterator[tuple]:
+def backward(y: Tensor, dy: Any = None, *, retain_graph: bool = True) -> Iterator[tuple]:
     """Back-propagate from y; yields (tensor, gradient) for every tensor with stores_grad=True that y depends on.
 
     Each pair is yielded once, after all contributions to that gradient are summed, so the caller may update the
     parameter in place as soon as it gets it. `dy` (default: ones of y's shape) is the gradient of the objective with
-    respect to y; a number is broadcast. The tensors operators saved for backward are released as they are used, so
-    a graph can be back-propagated once (unless retain_graph=True).
+    respect to y; a number is broadcast. The graph keeps what backward needs, so it may be back-propagated again (as
+    in SINGA); `retain_graph=False` releases each operator's saved tensors as soon as its backward has run (less
+    memory; a second backward then fails).
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
@@ -423,6 +518,9 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
         if y.stores_grad:
             yield y, (dy if owned else ops.copy(dy))
         return
+    if root.__dict__.get("_no_grad"):
+        raise RuntimeError(f"backward: {root.name} ran while autograd.training was False, so the forward pass kept "
+                           "nothing for a backward pass; set autograd.training = True (model.train()) before it")
     op_dep, _ = infer_dependency(root)
     grads: dict = {root: {root.y_id2idx.get(id(y), 0): dy}}  # op -> {output index: summed gradient}
     wanted: dict = {}  # op -> {output index: tensor with stores_grad}
@@ -443,9 +541,10 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
                 yield t, gi
         if isinstance(op, Dummy) or not op.requires_grad:
             continue
-        if op.__dict__.get("_released") and not retain_graph:
+        if op.__dict__.get("_released"):
             raise RuntimeError(f"{op.name}: backward through this graph a second time; its saved tensors were "
-                               "released by the first backward (use backward(..., retain_graph=True))")
+                               "released by an earlier backward with retain_graph=False (an optimizer's opt(loss) "
+                               "releases them after its update: back-propagate yourself first, then call opt(loss))")
         meta = op.__dict__.get("_src_meta") or [(0, True, None)] * len(op.src)
         if g:
             ymeta = op.__dict__.get("_y_meta") or []
@@ -1470,14 +1569,18 @@ def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 class Tile(Operator):
-    """numpy.tile / ONNX Tile."""
+    """ONNX Tile (numpy.tile for as many repeats as axes). With fewer repeats than x has axes they apply to the
+    leading axes, the rest repeated once, as SINGA's Tile does (numpy would apply them to the trailing axes)."""
 
-    def __init__(self, repeats: Sequence[int]) -> None:
+    def __init__(self, repeats: Sequence[int] | int) -> None:
         super().__init__()
         self.repeats = repeats
 
     def forward(self, x: Tensor) -> Tensor:
-        reps = self.reps = _ints(self.repeats)
+        reps = _ints(self.repeats)
+        if len(reps) < len(x.shape):
+            reps += [1] * (len(x.shape) - len(reps))
+        self.reps = reps
         self.x_shape = x.shape
         return ops.tile(x, reps)
 
@@ -1490,7 +1593,7 @@ class Tile(Operator):
         return ops.reshape(g, self.x_shape)
 
 
-def tile(x: Tensor, repeats: Sequence[int]) -> Tensor:
+def tile(x: Tensor, repeats: Sequence[int] | int) -> Tensor:
     return Tile(repeats)(x)[0]
 
 
@@ -1879,7 +1982,12 @@ class OneHot(_NoGrad):
         return ops.where(hit, on, off)
 
 
-def onehot(axis: int, indices: Tensor, depth: Any, values: Any) -> Tensor:
+def onehot(axis: int, indices: Any, depth: Any, values: Any) -> Tensor:
+    """SINGA's argument order; indices, depth and values may each be a Tensor, a numpy array or a number/list
+    (numpy indices go to the device of a Tensor among depth and values, else the default device)."""
+    if not isinstance(indices, Tensor):
+        like = next((v for v in (depth, values) if isinstance(v, Tensor)), None)
+        indices = ops.from_numpy(np.asarray(indices), like.device if like is not None else None)
     return OneHot(axis, depth, values)(indices)[0]
 
 
@@ -1949,7 +2057,10 @@ def _class_target(x: Tensor, t: Any) -> Tensor:
         return t if t.dtype == x.dtype else ops.cast(t, x.dtype)
     if t.shape in ((N,), (N, 1)):
         t = ops.reshape(t, (N,))
-        return t if t.dtype in _INTS else ops.cast(t, _dt.int64)
+        if t.dtype in _INTS:
+            return t  # checked by the loss that reads them (ops.softmax_cross_entropy, _dense_target)
+        ops.check_labels("loss target", t, C)  # before the cast, which would truncate 2.5 and -0.5
+        return ops.cast(t, _dt.int64)
     raise ValueError(f"target of shape {t.shape} does not match predictions of shape {x.shape} (expected ({N},) "
                      f"labels or ({N}, {C}) one-hot / probabilities)")
 
@@ -1961,6 +2072,7 @@ def _dense_target(x: Tensor, t: Any) -> Tensor:
     if len(x.shape) == 2 and t.shape != x.shape:
         t = _class_target(x, t)
         if t.dtype in _INTS:
+            ops.check_labels("loss target", t, x.shape[1])
             ar = ops.from_numpy(np.arange(x.shape[1], dtype=np.int64).reshape(1, -1), x.device, _dt.int64)
             return ops.cast(ops.eq(ops.unsqueeze(ops.cast(t, _dt.int64), 1), ar), x.dtype)
         return t
@@ -1975,23 +2087,36 @@ def _batch(x: Tensor) -> int:
 
 
 class _Loss(Operator):
-    """A loss of predictions x against the targets t given at construction, as a (1,) tensor: `_loss(x, t)` returns
-    the loss and what backward needs (kept as `self.saved` while training), with t converted by `_target`."""
+    """A loss of predictions x against targets t, as a (1,) tensor. Both of SINGA's forms: the target given at
+    construction (`MeanSquareError(t)(x)`, SINGA 4) or as a second input (`MeanSquareError()(x, t)`, SINGA 3, whose
+    backward then returns (dx, None)). `_loss(x, t)` returns the loss and what `_grad(dy)` needs (kept as
+    `self.saved` while training), with t converted by `_target`."""
 
     _target = staticmethod(_dense_target)
 
-    def __init__(self, t: Any) -> None:
+    def __init__(self, t: Any = None) -> None:
         super().__init__()
         self.t = t
 
     def _loss(self, x: Tensor, t: Tensor) -> tuple:
         raise NotImplementedError
 
-    def forward(self, x: Tensor) -> Tensor:
-        loss, saved = self._loss(x, self._target(x, self.t))
+    def _grad(self, dy: Any) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
+        target = self.t if t is None else t
+        if target is None:
+            raise ValueError(f"{type(self).__name__}: no target; give it to the constructor ({type(self).__name__}(t)"
+                             f"(x)) or as the second input ({type(self).__name__}()(x, t))")
+        loss, saved = self._loss(x, self._target(x, target))
         if training:
             self.saved = saved
         return _loss_shape(loss)
+
+    def backward(self, dy: Any = 1.0) -> Tensor | tuple:
+        dx = self._grad(dy)
+        return (dx, None) if len(self.src) > 1 else dx
 
 
 class SoftMaxCrossEntropy(_Loss):
@@ -2006,7 +2131,7 @@ class SoftMaxCrossEntropy(_Loss):
     def _loss(self, x: Tensor, t: Tensor) -> tuple:
         return ops.mean(ops.softmax_cross_entropy(x, t)), (x, t)
 
-    def backward(self, dy: Any = 1.0) -> Tensor:
+    def _grad(self, dy: Any = 1.0) -> Tensor:
         x, t = self.saved
         n = x.shape[0]
         g = ops.mul(ops.broadcast_to(_scalar_grad(dy, x), (n,)), 1.0 / n)
@@ -2024,7 +2149,7 @@ class CrossEntropy(_Loss):
         n = _batch(x)
         return ops.mul(ops.sum(ops.mul(t, ops.log(x))), -1.0 / n), (x, t, n)
 
-    def backward(self, dy: Any = 1.0) -> Tensor:
+    def _grad(self, dy: Any = 1.0) -> Tensor:
         x, t, n = self.saved
         return ops.mul(ops.div(t, x), ops.mul(_scalar_grad(dy, x), -1.0 / n))
 
@@ -2044,7 +2169,7 @@ class BinaryCrossEntropy(_Loss):
         neg = ops.mul(ops.sub(1, t), ops.log(ops.sub(1 + self._EPS, x)))
         return ops.mul(ops.sum(ops.add(pos, neg)), -1.0 / n), (x, t, n)
 
-    def backward(self, dy: Any = 1.0) -> Tensor:
+    def _grad(self, dy: Any = 1.0) -> Tensor:
         x, t, n = self.saved
         g = ops.sub(ops.div(ops.sub(1, t), ops.sub(1 + self._EPS, x)), ops.div(t, ops.add(x, self._EPS)))
         return ops.mul(g, ops.mul(_scalar_grad(dy, x), 1.0 / n))
@@ -2062,7 +2187,7 @@ class MeanSquareError(_Loss):
         n = _batch(x)
         return ops.mul(ops.sum(ops.square(err)), 0.5 / n), (err, n)
 
-    def backward(self, dy: Any = 1.0) -> Tensor:
+    def _grad(self, dy: Any = 1.0) -> Tensor:
         err, n = self.saved
         return ops.mul(err, ops.mul(_scalar_grad(dy, err), 1.0 / n))
 

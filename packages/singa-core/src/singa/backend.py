@@ -45,7 +45,7 @@ class Buffer:
         pool.bytes_cached += cls
         free = pool._cache.get(cls)
         if free is None:
-            pool._cache[cls] = [self.handle]
+            pool._cache.setdefault(cls, []).append(self.handle)  # setdefault: another thread may add the list too
         else:
             free.append(self.handle)
 
@@ -96,8 +96,9 @@ class MemoryPool:
 
     Sizes are rounded up to a size class (multiples of 512 bytes up to 1 MiB; above, eight classes per power of two,
     so at most 1/8 is wasted where powers of two would waste up to half) and freed blocks are kept per class for reuse; `empty_cache()` gives them back to the device. The pool relies on the GIL for its
-    bookkeeping (each step is a single list or attribute operation), which keeps allocation cheap enough for the
-    per-operation hot path.
+    bookkeeping, which keeps allocation cheap enough for the per-operation hot path: a block changes hands in one
+    list operation (`pop` / `append`), so threads sharing a device never get the same block; the byte counters are
+    plain attributes, exact in one thread and approximate while several threads allocate at once.
     """
 
     def __init__(self, raw_alloc: Callable[[int], Any], raw_free: Callable[[Any], None]):
@@ -124,11 +125,10 @@ class MemoryPool:
             step = 1 << ((nbytes - 1).bit_length() - 4)
             cls = (nbytes + step - 1) & -step
         self.num_requests += 1
-        free = self._cache.get(cls)
-        if free:
-            handle = free.pop()
+        try:
+            handle = self._cache[cls].pop()  # one atomic step: threads may share the pool
             self.bytes_cached -= cls
-        else:
+        except (KeyError, IndexError):
             handle = self._fresh(cls)
         used = self.bytes_in_use + cls
         self.bytes_in_use = used
@@ -182,12 +182,17 @@ class Device:
       _copy_to_host(handle, byte_offset, host: numpy array (C-contiguous))     device -> host, fills `host`
       _copy_on_device(dst_handle, dst_byte_offset, src_handle, src_byte_offset, nbytes)
       synchronize()
+    and, only where the buffers are memory of this process (host_memory = True, the CPU backend):
+      host_buffer(view)   a writable buffer over a contiguous view's own bytes (MPI then works on it in place)
     """
 
     backend_name: ClassVar[str] = "?"
+    # True when buffers are this process's host memory and host_buffer() exposes them (communicators skip copies)
+    host_memory: ClassVar[bool] = False
     kernels: dict[str, Callable] = {}
     # dtypes its kernels compute; a device adds dtypes.float64 only if every kernel it has (or the fallback) handles it
     dtypes: ClassVar[tuple] = dtypes.ALL
+    _graph: Any = None  # singa.device_graph.DeviceGraph, made by the first graph call
 
     def __init__(self, id: int = 0):
         self.id = id
@@ -199,6 +204,15 @@ class Device:
 
     # -- identity -------------------------------------------------------------------------------------------------
     @property
+    def id(self) -> DeviceId:
+        """The device's index within its backend: an int that is also callable, as SINGA's `dev.id()` method."""
+        return self._id
+
+    @id.setter
+    def id(self, value: int) -> None:
+        self._id = DeviceId(value)
+
+    @property
     def name(self) -> str:
         return f"{self.backend_name}:{self.id}"
 
@@ -206,7 +220,7 @@ class Device:
         return f"<Device {self.name}>"
 
     def id_(self) -> int:
-        return self.id
+        return int(self.id)
 
     # SINGA spelling
     def id_str(self) -> str:
@@ -226,8 +240,12 @@ class Device:
             cls = ((nbytes + 511) & ~511) or 512
             free = pool._cache.get(cls)
             if free:
+                try:
+                    handle = free.pop()
+                except IndexError:  # another thread took the last one since the test above
+                    handle, cls = pool.acquire(nbytes)
+                    return Buffer(handle, nbytes, self, cls)
                 pool.num_requests += 1
-                handle = free.pop()
                 pool.bytes_cached -= cls
                 used = pool.bytes_in_use + cls
                 pool.bytes_in_use = used
@@ -255,8 +273,43 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def host_buffer(self, view) -> memoryview:
+        """A writable buffer over the bytes of a contiguous view, for devices whose memory is host memory."""
+        raise NotImplementedError(f"{self.name}: device memory is not host memory (host_memory is False)")
+
     def Sync(self) -> None:  # SINGA spelling
         self.synchronize()
+
+    def host(self) -> Device:
+        """The host device (the CPU backend's), where SINGA keeps host-side tensors."""
+        if self.backend_name == "cpu":
+            return self
+        from singa import device
+
+        return device.get_device("cpu")
+
+    def Reset(self) -> None:
+        """SINGA's Device::Reset: stop and forget the graph, wait for the device, restore the profiling settings
+        (verbosity 0, 5 warm-up iterations) and forget the profiled times."""
+        from singa import profiling
+
+        if self._graph is not None:
+            self._graph.reset()
+        self.synchronize()
+        self.verbosity = 0
+        p = profiling.profiler(self)
+        p.reset()
+        p.skip_iterations = profiling.DEFAULT_SKIP
+
+    @staticmethod
+    def EnableLazyAlloc(enable: bool) -> None:
+        """Accepted for compatibility: every backend here allocates on first write through its pool."""
+
+    def capture(self, run: Callable[[], None]) -> Callable[[], None] | None:
+        """Record the device work that `run` launches into a graph the device replays in one call (CUDA Graphs),
+        and return that replay; `run` is called once to record and its work is *not* executed. None (this default)
+        when the device has no such facility: graph mode then replays the recorded kernels from Python."""
+        return None
 
     def memory_stats(self) -> dict[str, int]:
         return self.pool.stats()
@@ -333,6 +386,13 @@ class Device:
 
         return [n for n in primitives.names() if n not in self.kernels]
 
+    # -- fused operators a backend may provide ----------------------------------------------------------------------
+    def rnn_operator(self, spec: Any, seq_lengths: Any = None) -> Any:
+        """A fused RNN (cuDNN's, say) for `spec` (a singa.rnn.RNNSpec): an autograd Operator computing what
+        singa.rnn.forward computes (see that module for its call and weight layout), or None for that generic path,
+        which is what the base class gives."""
+        return None
+
     # -- random numbers -------------------------------------------------------------------------------------------
     def set_rand_seed(self, seed: int) -> None:
         """Seed the device's counter-based generator (see primitives: random_*)."""
@@ -346,6 +406,34 @@ class Device:
         off = self.rng_offset
         self.rng_offset += (n + 3) & ~3
         return off
+
+    # -- SINGA's graph calls (singa.device_graph): what SINGA's Model does to run train_one_batch as a graph ---------
+    # While a step is being recorded, the recorder shadows EnableGraph and graph_enabled on the instance: there
+    # EnableGraph(False) pauses the recording and EnableGraph(True) resumes it.
+    def _graph_state(self):
+        if self._graph is None:
+            from singa import device_graph
+
+            self._graph = device_graph.DeviceGraph(self)
+        return self._graph
+
+    def EnableGraph(self, enable: bool) -> None:
+        """True: record the operations that follow (they still run now); False outside a recording: nothing."""
+        self._graph_state().enable(bool(enable))
+
+    def graph_enabled(self) -> bool:
+        """Whether operations are being recorded now (False outside a recording)."""
+        return False
+
+    def RunGraph(self, serial: bool = False) -> None:
+        """Finish a recording (its step has run), else replay the recorded graph: in program order when serial,
+        otherwise scheduled by dependencies (same results)."""
+        self._graph_state().run(serial)
+
+    def ResetGraph(self) -> None:
+        """Forget the recorded graph (and any recording in progress)."""
+        if self._graph is not None:
+            self._graph.reset()
 
     # -- SINGA's verbosity / time profiling of graph-mode steps (kept in singa.profiling) ---------------------------
     def SetVerbosity(self, verbosity: int) -> None:
@@ -366,6 +454,13 @@ class Device:
         from singa import profiling
 
         profiling.export_chrome_trace(self, path)
+
+
+class DeviceId(int):
+    """A device index that can be called: `dev.id` is the index and `dev.id()` (SINGA's method) returns it too."""
+
+    def __call__(self) -> int:
+        return int(self)
 
 
 def _span(view) -> tuple[int, int]:

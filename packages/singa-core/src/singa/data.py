@@ -6,6 +6,8 @@
   scikit-learn wheel) into MNIST-shaped float32 images (N, 1, 28, 28), split into training and held-out sets.
   scikit-learn is needed for this function only (`pip install scikit-learn`); nothing else here imports it.
 * `batches(x, y, batch_size, shuffle, seed)` yields mini-batches of numpy arrays.
+* `shard(*arrays, rank, world_size)` gives one rank of a data-parallel job (`opt.DistOpt`) its part of a data set, and
+  `shard_indices(n, rank, world_size)` the positions of that part (to read only those from a file).
 
 Everything returns numpy arrays: copy them into tensors with `tensor.from_numpy` or `Tensor.copy_from_numpy`.
 """
@@ -20,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_idx", "load_mnist", "load_digits_28x28", "resize_bilinear", "batches", "IDXFormatError", "MNIST_FILES",
-           "IDX_DTYPES"]
+__all__ = ["read_idx", "load_mnist", "load_digits_28x28", "resize_bilinear", "batches", "shard", "shard_indices",
+           "IDXFormatError", "MNIST_FILES", "IDX_DTYPES"]
 
 # IDX type byte -> big-endian numpy dtype (the format as described with the MNIST database).
 IDX_DTYPES = {
@@ -209,3 +211,36 @@ def batches(x: np.ndarray, y: np.ndarray | None = None, batch_size: int = 64, sh
     for i in range(0, stop, batch_size):
         idx = order[i:i + batch_size]
         yield np.ascontiguousarray(x[idx]), (None if y is None else np.ascontiguousarray(y[idx]))
+
+
+def shard_indices(n: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0) -> np.ndarray:
+    """The positions (sorted, int64) of rank `rank`'s part of `n` samples shared by `world_size` ranks.
+
+    Every rank gets n // world_size samples (the n % world_size left over are dropped: ranks that ran different numbers
+    of steps would wait for each other forever). With `shuffle`, the samples are first permuted by
+    `np.random.default_rng(seed)`, the same on every rank (give them the same seed), so that each rank's part is a
+    random sample of the whole set, not one block of a set sorted by class; then rank r takes every world_size-th one.
+    """
+    n, rank, world_size = int(n), int(rank), int(world_size)
+    if world_size < 1:
+        raise ValueError(f"shard: world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"shard: rank {rank} is not a rank of a world of {world_size}")
+    if n < world_size:
+        raise ValueError(f"shard: {n} samples cannot be shared by {world_size} ranks (each needs at least one)")
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    return np.sort(order[rank::world_size][: n // world_size])
+
+
+def shard(*arrays: np.ndarray, rank: int, world_size: int, shuffle: bool = True,
+          seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Rank `rank`'s part of each array (same rows for each: images and their labels stay together); see
+    `shard_indices`. Typically `x, y = data.shard(x, y, rank=sgd.global_rank, world_size=sgd.world_size)`."""
+    if not arrays:
+        raise ValueError("shard: give at least one array")
+    n = len(arrays[0])
+    for i, a in enumerate(arrays[1:], start=1):
+        if len(a) != n:
+            raise ValueError(f"shard: array 0 has {n} rows but array {i} has {len(a)}")
+    idx = shard_indices(n, rank, world_size, shuffle, seed)
+    return tuple(np.ascontiguousarray(a[idx]) for a in arrays)

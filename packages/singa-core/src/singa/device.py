@@ -24,14 +24,14 @@ _default: Device | None = None
 
 def parse_device_spec(spec: str) -> tuple[str, int]:
     """'cuda:1' -> ('cuda', 1); 'cpu' -> ('cpu', 0)."""
-    name, _, idx = spec.strip().partition(":")
+    name, colon, idx = spec.strip().partition(":")
     if not name:
         raise ValueError(f"empty device name in {spec!r}")
-    try:
-        index = int(idx) if idx else 0
-    except ValueError:
-        raise ValueError(f"device index in {spec!r} is not an integer") from None
-    return name.lower(), index
+    if not colon:
+        return name.lower(), 0
+    if not (idx.isascii() and idx.isdigit()):  # 'cpu:' and 'cpu:abc' alike; no sign, blanks or underscores
+        raise ValueError(f"device index in {spec!r} is not an integer N >= 0 (write 'name' or 'name:N')")
+    return name.lower(), int(idx)
 
 
 def get_device(spec: str) -> Device:
@@ -46,7 +46,9 @@ def get_device(spec: str) -> Device:
             raise RuntimeError(f"backend {name!r} is installed but found no device on this machine "
                                f"(`python -m singa info` says why)")
         if not 0 <= index < count:
-            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range")
+            why = backend.info().get("status") if count == 0 else None  # e.g. no driver, no OpenCL platform
+            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range"
+                               + (f" ({why})" if why else ""))
         dev = backend.create_device(index)
         _devices[key] = dev
     return dev
@@ -134,3 +136,4 @@ def device_query(id: int, verbose: bool = False) -> str:
 
 def enable_lazy_alloc(enable: bool) -> None:
     """Accepted for compatibility: every backend here allocates on first write through its pool."""
+    Device.EnableLazyAlloc(enable)

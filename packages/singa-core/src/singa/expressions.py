@@ -13,12 +13,15 @@ A fix to an expression lands in every backend at their next build; a new entry g
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from singa import dtypes as dt
+
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[fF]\b")
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,12 @@ class Elementwise:
         return self.arity == 1 or bool(self.params)
 
     def expression(self, dtype: int) -> str:
+        """The expression as a kernel of input dtype `dtype` computes it: `int_expr` for integers where given, and
+        for float64 the float literals widened (`0.70710678f` would cost a double its last 29 bits)."""
         if dtype in dt.INTS + (dt.bool_,) and self.int_expr is not None:
             return self.int_expr
+        if dtype == dt.float64:
+            return _FLOAT_LITERAL.sub(r"\1", self.expr)
         return self.expr
 
 
@@ -85,6 +92,23 @@ def _cdiv(a, b):
         return np.where(b == 0, 0, q).astype(a.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         return a / b
+
+
+def _floordiv(a, b):
+    # Python's //: numpy's floor_divide for floats; for integers exact, x // 0 == 0 and x // -1 == -x (wrapping)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if np.issubdtype(a.dtype, np.integer):
+            safe = np.where((b == 0) | (b == -1), 1, b)
+            q = np.where(b == -1, -a, np.floor_divide(a, safe))
+            return np.where(b == 0, 0, q).astype(a.dtype)
+        return np.floor_divide(a, b)
+
+
+# floor((a - fmod(a, b)) / b) as numpy computes it (npy_divmod): exact where floor(a / b) would round the quotient
+# first (1e-6 // -34 is -1, not -0; large quotients keep their last integer)
+_FLOORDIV_Q = "((a - fmod(a, b)) / b - ((fmod(a, b) != 0 && ((fmod(a, b) < 0) != (b < 0))) ? 1 : 0))"
+_FLOORDIV = (f"(b == 0 ? a / b : ({_FLOORDIV_Q} != 0 ? ({_FLOORDIV_Q} - floor({_FLOORDIV_Q}) > 0.5 ? "
+             f"floor({_FLOORDIV_Q}) + 1 : floor({_FLOORDIV_Q})) : 0 * (a / b)))")
 
 
 def _cfmod(a, b):
@@ -182,6 +206,9 @@ BINARY = [
     E("mod", 2, "(fmod(a, b) != 0 && ((fmod(a, b) < 0) != (b < 0)) ? fmod(a, b) + b : fmod(a, b))", _pymod, NUMERIC,
       int_expr="((b == 0 || b == -1) ? 0 : ((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b))", domain=(0.5, 3.0),
       doc="Python modulo: the result has the sign of the divisor"),
+    E("floor_divide", 2, _FLOORDIV, _floordiv, NUMERIC, domain=(0.5, 3.0),
+      int_expr="(b == 0 ? 0 : (b == -1 ? -a : a / b - ((a % b != 0 && ((a % b < 0) != (b < 0))) ? 1 : 0)))",
+      doc="Python floor division: floor(a / b) computed exactly (numpy's floor_divide)"),
     E("prelu", 2, "(a < 0 ? b * a : a)", lambda a, b: np.where(a < 0, b * a, a), doc="a: input, b: slope"),
     E("logical_and", 2, "(a && b)", np.logical_and, (dt.bool_,), out_bool=True),
     E("logical_or", 2, "(a || b)", np.logical_or, (dt.bool_,), out_bool=True),

@@ -353,9 +353,14 @@ def log_softmax_backward(dx, dy, y, axis):
 
 def _targets(x, target):
     if np.issubdtype(target.dtype, np.integer):
+        labels = target.reshape(-1)
+        bad = (labels < 0) | (labels >= x.shape[1])  # numpy would wrap -1 to the last class
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise IndexError(f"softmax_cross_entropy: label {labels[i]} at position {i} is outside [0, {x.shape[1]})")
         t = np.zeros(x.shape, np.float64)
         if x.shape[0]:
-            t[np.arange(x.shape[0]), target.reshape(-1)] = 1.0
+            t[np.arange(x.shape[0]), labels] = 1.0
         return t
     return target.astype(np.float64)
 

@@ -1,10 +1,10 @@
 """Graph mode: record the kernel calls of one step, then replay them without re-running Python.
 
-Recording. While a `Recorder` is active, every entry of the device's kernel table (`device.table`, the dict that
-`singa.ops` caches, so entries are replaced in place and restored afterwards) is wrapped by a recorder, and the
-device's `alloc`, `write`, `write_strided`, `read` and `copy_view` are shadowed by instance attributes. The step runs
-eagerly as usual; each kernel call is kept as (kernel, the views it was given, its parameters), with each view's
-buffer replaced by a key. Buffers fall into three kinds:
+Recording. While a `Recorder` is active, every kernel called on its device by its thread is kept (other threads'
+calls are not: see `_DeviceHooks`, which puts dispatchers in place of the entries of every device's kernel table and
+of the device's `alloc`, `write`, `write_strided`, `read` and `copy_view`). The step runs eagerly as usual; each
+kernel call is kept as (kernel, the views it was given, its parameters), with each view's buffer replaced by a key.
+Buffers fall into three kinds:
 
 * external: alive before the step (parameters, optimizer states, input placeholders); the graph keeps them;
 * persistent: allocated during the step and still alive after it (returned outputs, lazily created states); kept;
@@ -15,13 +15,23 @@ the step (a constant built from numpy) is recorded and re-written at each replay
 (`to_numpy`, `item`, `print(t)`) or a host write into an external tensor (`copy_from_numpy` inside the step) makes
 the recording unusable: `finish` raises `GraphUnsupported` naming the place, and the caller runs eagerly instead.
 Kernels that run on another device, or reads inside the core's host fallback, are handled the same way (the
-fallback's own reads are part of one kernel call and are ignored).
+fallback's own reads are part of one kernel call and are ignored). A `host_check` (the core's validation of device
+data, such as class labels) is kept as a call of its own and runs again at every replay.
+
+External calls. `external(name, fn, args, reads, writes)` runs a Python function over views that is not a kernel (a
+collective of a communicator: MPI or NCCL traffic, with whatever staging it needs) and, inside a recording, records
+it as one call: a replay calls `fn` again on the rebuilt views. What `fn` does inside (kernels, host copies,
+allocations) belongs to that one call. External calls also keep their program order among themselves, so that every
+rank of a distributed job replays its collectives in the same order.
 
 Replay. `Graph.run()` calls the recorded kernels on prebuilt views: no autograd, no shape checks, no allocation.
 Random kernels get a fresh `device.next_rng_offset(n)` at each replay, reserved in program order, so a replayed
 step draws exactly what the eager step would have drawn. `sequential=True` keeps program order; otherwise calls are
 scheduled by their dependencies (read/write sets over buffers) with a greedy order that frees memory early; both
-orders compute the same values since every kernel is deterministic and sees the same inputs.
+orders compute the same values since every kernel is deterministic and sees the same inputs. A device that can
+record its own work (`Device.capture`: CUDA Graphs) records the first replay of a step without random kernels, and
+later replays are one launch of that device graph, after the step's host checks of its inputs (class labels) have run
+on the host; a step whose host checks read data the step itself computes stays replayed from Python.
 
 Memory planning. Temporaries are placed at byte offsets of an arena so that two temporaries share bytes only when
 their live ranges (first to last call that touches them, in execution order) are disjoint: greedy by size, each
@@ -36,10 +46,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,8 +58,10 @@ import numpy as np
 from singa import dtypes, primitives, profiling
 from singa.backend import Buffer, Device, View
 
-__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording"]
+__all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record", "set_phase", "recording", "host_check",
+           "external"]
 
+_EXTERNAL_ORDER = -1  # a pseudo buffer key every external call reads and writes: they stay in program order
 _ALIGN = 64  # byte alignment of planned temporaries (a multiple of every itemsize; cache-line friendly)
 _SINGA_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -61,19 +74,23 @@ class GraphUnsupported(RuntimeError):
     """A recorded step cannot be replayed faithfully; the message says why and where."""
 
 
-_active: Recorder | None = None
+class _ThreadState(threading.local):
+    active: Recorder | None = None  # the recorder of this thread, if it is recording a step
+
+
+_tls = _ThreadState()
 
 
 def recording() -> Recorder | None:
-    """The recorder now active, if any."""
-    return _active
+    """The recorder now active in the calling thread, if any."""
+    return _tls.active
 
 
 @contextlib.contextmanager
 def no_record() -> Iterator[None]:
     """Run set-up work (creating optimizer states, initialising parameters) inside a recorded step without recording
     it: its kernels run once, now, and are not replayed. Buffers written here are kept as they are by the graph."""
-    rec = _active
+    rec = _tls.active
     if rec is None:
         yield
         return
@@ -84,9 +101,24 @@ def no_record() -> Iterator[None]:
         rec.suspended -= 1
 
 
+def external(name: str, fn: Callable[..., None], args: Sequence[Any], reads: Sequence[int] = (),
+             writes: Sequence[int] = ()) -> None:
+    """Call `fn(*args)` now; inside a recorded step also record it, to be called again at every replay.
+
+    `args` are views (tensors) of the recorded device or plain values; `reads` and `writes` are the positions of the
+    views `fn` reads and writes (a view may be in both). At a replay `fn` gets views rebuilt on the same memory, which
+    are `singa.backend.View`s, not Tensors.
+    """
+    rec = _tls.active
+    if rec is None or rec.depth:
+        fn(*args)
+        return
+    rec.external(name, fn, args, reads, writes)
+
+
 def set_phase(name: str) -> None:
     """Label the kernels recorded from now on (forward / backward / update), for time profiling."""
-    rec = _active
+    rec = _tls.active
     if rec is not None:
         rec.phase = name
 
@@ -110,7 +142,7 @@ class _Call:
 
     def __init__(self, kind: str, name: str, fn: Callable, specs: list, params: dict, reads: frozenset,
                  writes: frozenset, phase: str, data: np.ndarray | None = None):
-        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view'
+        self.kind = kind  # 'kernel', 'write', 'write_strided', 'copy_view', 'external'
         self.name = name
         self.fn = fn
         self.specs = specs  # per positional argument: None, ('v', key, dtype, shape, strides, offset) or ('c', value)
@@ -166,9 +198,10 @@ def _where() -> str:
 
 
 class Recorder:
-    """Records the kernel calls made on `device` while active (a context manager); `finish` builds the Graph.
+    """Records the kernel calls made on `device` by the calling thread while active (a context manager); `finish`
+    builds the Graph.
 
-    Only one recorder may be active at a time.
+    One recorder at a time per thread; recorders of different threads are independent (see `_hooks`).
     """
 
     def __init__(self, device: Device):
@@ -180,8 +213,6 @@ class Recorder:
         self.depth = 0  # > 0 inside a kernel call (its own allocations and host traffic are not the step's)
         self.suspended = 0  # > 0 inside no_record()
         self.phase = "forward"
-        self._undo: list[Callable[[], None]] = []
-        self._orig: dict[str, Callable] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _fail(self, why: str) -> None:
@@ -213,109 +244,104 @@ class Recorder:
             if info.strong is None:
                 info.strong = info.ref()
 
-    # -- the shadows installed on the device -----------------------------------------------------------------------
-    def _wrap_kernel(self, name: str, fn: Callable) -> Callable:
-        def recorded(*args: Any, **params: Any) -> Any:
-            if self.depth:
-                return fn(*args, **params)
-            specs = [self._spec(a) for a in args]
-            reads, writes = _access(name, specs, params)
-            self.depth += 1
-            try:
-                r = fn(*args, **params)
-            finally:
-                self.depth -= 1
-            if self.suspended:
-                self._pin(writes)
-            else:
-                self.calls.append(_Call("kernel", name, fn, specs, dict(params), reads, writes, self.phase))
-            return r
-
-        recorded.__wrapped__ = fn
-        return recorded
-
-    def _foreign_kernel(self, dev: Device, name: str, fn: Callable) -> Callable:
-        def foreign(*args: Any, **params: Any) -> Any:
+    # -- what the device hooks (below) call for this recorder's thread ----------------------------------------------
+    def _kernel(self, dev: Device, name: str, fn: Callable, args: tuple, params: dict) -> Any:
+        if dev is not self.device:
             if not self.depth and not self.suspended:
                 self._fail(f"kernel {name!r} ran on {dev.name} inside a step recorded on {self.device.name}")
             return fn(*args, **params)
+        if self.depth:
+            return fn(*args, **params)
+        specs = [self._spec(a) for a in args]
+        reads, writes = _access(name, specs, params)
+        self.depth += 1
+        try:
+            r = fn(*args, **params)
+        finally:
+            self.depth -= 1
+        if self.suspended:
+            self._pin(writes)
+        else:
+            self.calls.append(_Call("kernel", name, fn, specs, dict(params), reads, writes, self.phase))
+        return r
 
-        return foreign
+    def external(self, name: str, fn: Callable, args: Sequence[Any], reads: Sequence[int],
+                 writes: Sequence[int]) -> None:
+        specs = [self._spec(a) for a in args]
+        for i in (*reads, *writes):
+            if specs[i] is None or specs[i][0] != "v":
+                raise TypeError(f"graph.external({name!r}): argument {i} is read or written but is not a view")
+        rkeys = frozenset(specs[i][1] for i in reads) | {_EXTERNAL_ORDER}
+        wkeys = frozenset(specs[i][1] for i in writes) | {_EXTERNAL_ORDER}
+        self.depth += 1
+        try:
+            fn(*args)
+        finally:
+            self.depth -= 1
+        if self.suspended:
+            self._pin(k for k in wkeys if k != _EXTERNAL_ORDER)
+        else:
+            self.calls.append(_Call("external", name, fn, specs, {}, rkeys, wkeys, "communication"))
 
-    def _alloc(self, orig: Callable) -> Callable:
-        def alloc(nbytes: int) -> Buffer:
-            buf = orig(nbytes)
-            if not self.depth:
-                info = _BufInfo(len(self.infos), buf, in_step=True)
-                self.infos.append(info)
-                self._by_id[id(buf)] = info
-            return buf
+    def _alloc(self, buf: Buffer) -> None:
+        if not self.depth:
+            info = _BufInfo(len(self.infos), buf, in_step=True)
+            self.infos.append(info)
+            self._by_id[id(buf)] = info
 
-        return alloc
-
-    def _host_write(self, kind: str, orig: Callable) -> Callable:
-        def write(view: Any, host: np.ndarray) -> None:
-            if self.depth:
-                return orig(view, host)
-            self.depth += 1  # write_strided may call write: one record
-            try:
-                orig(view, host)
-            finally:
-                self.depth -= 1
-            spec = self._spec(view)
-            info = self.infos[spec[1]]
-            if self.suspended:
-                self._pin([info.key])
-                return None
-            if not info.in_step:
-                self._fail("host data written into a tensor that existed before the step (e.g. copy_from_numpy "
-                           "inside train_one_batch; copy the batch into the input placeholders before the call)")
-            data = np.array(host, dtype=dtypes.to_numpy_dtype(view.dtype), copy=True)
-            self.calls.append(_Call(kind, kind, orig, [spec], {}, frozenset(), frozenset([info.key]), self.phase,
-                                    data))
+    def _host_write(self, kind: str, orig: Callable, view: Any, host: np.ndarray) -> None:
+        if self.depth:
+            return orig(view, host)
+        self.depth += 1  # write_strided may call write: one record
+        try:
+            orig(view, host)
+        finally:
+            self.depth -= 1
+        spec = self._spec(view)
+        info = self.infos[spec[1]]
+        if self.suspended:
+            self._pin([info.key])
             return None
+        if not info.in_step:
+            self._fail("host data written into a tensor that existed before the step (e.g. copy_from_numpy "
+                       "inside train_one_batch; copy the batch into the input placeholders before the call)")
+        data = np.array(host, dtype=dtypes.to_numpy_dtype(view.dtype), copy=True)
+        self.calls.append(_Call(kind, kind, orig, [spec], {}, frozenset(), frozenset([info.key]), self.phase, data))
+        return None
 
-        return write
+    def _read(self) -> None:
+        if not self.depth and not self.suspended:
+            self._fail("device data read on the host (to_numpy, item, float(t), print(t) ...) inside the step")
 
-    def _read(self, orig: Callable) -> Callable:
-        def read(view: Any) -> np.ndarray:
-            if not self.depth and not self.suspended:
-                self._fail("device data read on the host (to_numpy, item, float(t), print(t) ...) inside the step")
-            return orig(view)
+    def _copy_view(self, orig: Callable, dst: Any, src: Any) -> None:
+        if self.depth:
+            return orig(dst, src)
+        ds, ss = self._spec(dst), self._spec(src)
+        self.depth += 1
+        try:
+            orig(dst, src)
+        finally:
+            self.depth -= 1
+        if self.suspended:
+            self._pin([ds[1]])
+        else:
+            self.calls.append(_Call("copy_view", "copy_view", orig, [ds, ss], {}, frozenset([ss[1]]),
+                                    frozenset([ds[1]]), self.phase))
+        return None
 
-        return read
-
-    def _copy_view(self, orig: Callable) -> Callable:
-        def copy_view(dst: Any, src: Any) -> None:
-            if self.depth:
-                return orig(dst, src)
-            ds, ss = self._spec(dst), self._spec(src)
-            self.depth += 1
-            try:
-                orig(dst, src)
-            finally:
-                self.depth -= 1
-            if self.suspended:
-                self._pin([ds[1]])
-            else:
-                self.calls.append(_Call("copy_view", "copy_view", orig, [ds, ss], {}, frozenset([ss[1]]),
-                                        frozenset([ds[1]]), self.phase))
-            return None
-
-        return copy_view
-
-    def _shadow(self, obj: Any, name: str, value: Any) -> None:
-        had = name in obj.__dict__
-        old = obj.__dict__.get(name)
-        setattr(obj, name, value)
-
-        def undo() -> None:
-            if had:
-                setattr(obj, name, old)
-            else:
-                obj.__dict__.pop(name, None)
-
-        self._undo.append(undo)
+    def _check(self, name: str, check: Callable, views: tuple) -> None:
+        """A host check of device data (see `host_check`): run now, and again at every replay."""
+        if self.depth or self.suspended:
+            check(*views)
+            return
+        specs = [self._spec(v) for v in views]
+        self.depth += 1  # its reads are part of the check, not the step's
+        try:
+            check(*views)
+        finally:
+            self.depth -= 1
+        reads = frozenset(s[1] for s in specs if s is not None and s[0] == "v")
+        self.calls.append(_Call("check", name, check, specs, {}, reads, frozenset(), self.phase))
 
     # -- layer.py's protocol: Layer.initialize pauses the recording with EnableGraph(False) ---------------------------
     def _enable_graph(self, flag: bool) -> None:
@@ -325,47 +351,16 @@ class Recorder:
             self.suspended += 1
 
     def __enter__(self) -> Recorder:
-        global _active
-        if _active is not None:
-            raise RuntimeError("graph: a step is already being recorded (nested recording is not supported)")
-        from singa import device as device_module
-
-        dev = self.device
-        devices = {id(d): d for d in device_module._devices.values()}
-        devices[id(dev)] = dev
-        try:
-            for d in devices.values():
-                table = d.table
-                saved = dict(table)
-                for name, fn in saved.items():
-                    table[name] = self._wrap_kernel(name, fn) if d is dev else self._foreign_kernel(d, name, fn)
-                self._undo.append(lambda t=table, s=saved: t.update(s))
-            for name in ("alloc", "write", "write_strided", "read", "copy_view"):
-                self._orig[name] = getattr(dev, name)
-            self._shadow(dev, "alloc", self._alloc(self._orig["alloc"]))
-            self._shadow(dev, "write", self._host_write("write", self._orig["write"]))
-            self._shadow(dev, "write_strided", self._host_write("write_strided", self._orig["write_strided"]))
-            self._shadow(dev, "read", self._read(self._orig["read"]))
-            self._shadow(dev, "copy_view", self._copy_view(self._orig["copy_view"]))
-            self._shadow(dev, "graph_enabled", lambda: self.suspended == 0)
-            self._shadow(dev, "EnableGraph", self._enable_graph)
-            for d in devices.values():
-                if d is not dev:
-                    self._shadow(d, "read", self._read(d.read))
-        except BaseException:
-            self._restore()
-            raise
-        _active = self
+        if _tls.active is not None:
+            raise RuntimeError("graph: a step is already being recorded in this thread (nested recording is not "
+                               "supported)")
+        _hooks.acquire(self.device)
+        _tls.active = self
         return self
 
-    def _restore(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
     def __exit__(self, *exc: Any) -> None:
-        global _active
-        _active = None
-        self._restore()
+        _tls.active = None
+        _hooks.release()
 
     # -- the result ---------------------------------------------------------------------------------------------------
     def finish(self, sequential: bool = False) -> Graph:
@@ -380,6 +375,145 @@ class Recorder:
         if self.problem is not None:
             raise GraphUnsupported(self.problem)
         return Graph(self.device, self.calls, self.infos, sequential)
+
+
+class _DeviceHooks:
+    """Dispatchers installed on every device while any thread records a step.
+
+    Each entry of a device's kernel table (the dict that `singa.ops` caches, so entries are replaced in place and
+    restored afterwards) and its `alloc`, `write`, `write_strided`, `read`, `copy_view`, `graph_enabled` and
+    `EnableGraph` are replaced by a function that asks the calling thread's recorder, if it has one, and otherwise
+    calls the original: a step recorded in one thread never captures another thread's kernels. The hooks are counted:
+    installed by the first recorder to start, removed when the last one ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._hooked: dict[int, Device] = {}
+        self._undo: list[Callable[[], None]] = []
+
+    def acquire(self, dev: Device) -> None:
+        from singa import device as device_module
+
+        with self._lock:
+            try:
+                for d in list(device_module._devices.values()) + [dev]:
+                    if id(d) not in self._hooked:
+                        self._hook(d)
+            except BaseException:
+                if not self._users:
+                    self._unhook()
+                raise
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if not self._users:
+                self._unhook()
+
+    def _unhook(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        self._hooked.clear()
+
+    def _shadow(self, obj: Any, name: str, value: Any) -> None:
+        had = name in obj.__dict__
+        old = obj.__dict__.get(name)
+        setattr(obj, name, value)
+
+        def undo() -> None:
+            if had:
+                setattr(obj, name, old)
+            else:
+                obj.__dict__.pop(name, None)
+
+        self._undo.append(undo)
+
+    def _hook(self, d: Device) -> None:
+        self._hooked[id(d)] = d
+        table = d.table
+        saved = dict(table)
+        self._undo.append(lambda: table.update(saved))
+        for name, fn in saved.items():
+            table[name] = _kernel_hook(d, name, fn)
+        alloc, write, write_strided = d.alloc, d.write, d.write_strided
+        read, copy_view = d.read, d.copy_view
+        enabled, enable = getattr(d, "graph_enabled", None), getattr(d, "EnableGraph", None)
+
+        def mine() -> Recorder | None:  # the calling thread's recorder, when it records on d
+            rec = _tls.active
+            return rec if rec is not None and rec.device is d else None
+
+        def hooked_alloc(nbytes: int) -> Buffer:
+            buf = alloc(nbytes)
+            rec = mine()
+            if rec is not None:
+                rec._alloc(buf)
+            return buf
+
+        def hooked_write(view: Any, host: np.ndarray) -> None:
+            rec = mine()
+            return write(view, host) if rec is None else rec._host_write("write", write, view, host)
+
+        def hooked_write_strided(view: Any, host: np.ndarray) -> None:
+            rec = mine()
+            return write_strided(view, host) if rec is None else \
+                rec._host_write("write_strided", write_strided, view, host)
+
+        def hooked_read(view: Any) -> np.ndarray:
+            rec = _tls.active  # a read of any device's data inside a step
+            if rec is not None:
+                rec._read()
+            return read(view)
+
+        def hooked_copy_view(dst: Any, src: Any) -> None:
+            rec = mine()
+            return copy_view(dst, src) if rec is None else rec._copy_view(copy_view, dst, src)
+
+        def graph_enabled() -> bool:
+            rec = mine()
+            if rec is None:
+                return bool(enabled()) if callable(enabled) else False
+            return rec.suspended == 0
+
+        def enable_graph(flag: bool) -> None:
+            rec = mine()
+            if rec is not None:
+                rec._enable_graph(flag)
+            elif callable(enable):
+                enable(flag)
+
+        for name, fn in (("alloc", hooked_alloc), ("write", hooked_write), ("write_strided", hooked_write_strided),
+                         ("read", hooked_read), ("copy_view", hooked_copy_view), ("graph_enabled", graph_enabled),
+                         ("EnableGraph", enable_graph)):
+            self._shadow(d, name, fn)
+
+
+def _kernel_hook(dev: Device, name: str, fn: Callable) -> Callable:
+    def kernel(*args: Any, **params: Any) -> Any:
+        rec = _tls.active
+        if rec is None:
+            return fn(*args, **params)
+        return rec._kernel(dev, name, fn, args, params)
+
+    kernel.__wrapped__ = fn
+    return kernel
+
+
+_hooks = _DeviceHooks()
+
+
+def host_check(name: str, check: Callable[..., None], *views: Any) -> None:
+    """Run `check(*views)`, a function that reads device data on the host and raises on what it finds (labels out of
+    range, say). In a step being recorded it is kept as a call of the graph and runs again at every replay, so a
+    check made by the core holds in graph mode too, on every backend."""
+    rec = _tls.active
+    if rec is None:
+        check(*views)
+    else:
+        rec._check(name, check, views)
 
 
 # -- scheduling -----------------------------------------------------------------------------------------------------
@@ -609,6 +743,7 @@ class Graph:
         used: set[int] = set()
         for c in calls:
             used |= c.touched()
+        used.discard(_EXTERNAL_ORDER)
         temp_bytes = {k: infos[k].nbytes for k in used if infos[k].strong is None}
         program = list(range(len(calls)))
         if sequential:
@@ -638,6 +773,11 @@ class Graph:
         self.num_temporaries = len(temp_bytes)
         self.num_in_place = len(root)
         self._build()
+        # a device graph (see Device.capture) bakes every kernel parameter in: steps that draw random numbers get
+        # fresh offsets at each replay, so they stay replayed from Python
+        self._device_replay = None
+        self._capturable = (not self._random and not self._checks_step_data
+                            and os.environ.get("SINGA_GRAPH_CAPTURE", "").strip() != "0")
 
     def _view(self, spec: tuple | None) -> Any:
         if spec is None:
@@ -660,15 +800,33 @@ class Graph:
             params_of[ci] = dict(c.params)
             if c.kind == "kernel" and c.name.startswith("random_"):
                 self._random.append((params_of[ci], _draws(c.name, c.specs)))  # program order
+        written: set[int] = set().union(*(c.writes for c in self.calls))
+        self._inputs_checks: list[tuple[Callable, tuple, dict]] = []  # host checks of data fixed before the step
+        self._device_exec: list[tuple[Callable, tuple, dict]] = []  # the rest: what a device graph may hold
+        self._checks_step_data = False
         for ci in self.order:
             c = self.calls[ci]
             args = tuple(self._view(s) for s in c.specs)
             if c.kind in ("write", "write_strided"):
                 args = args + (c.data,)
-            self._exec.append((c.fn, args, params_of[ci]))
+            entry = (c.fn, args, params_of[ci])
+            self._exec.append(entry)
+            if c.kind == "check" and not (c.reads & written):
+                self._inputs_checks.append(entry)
+            else:
+                self._device_exec.append(entry)
+                self._checks_step_data |= c.kind == "check"
 
     def __len__(self) -> int:
         return len(self._exec)
+
+    def _replay(self) -> None:
+        for fn, args, kw in self._exec:
+            fn(*args, **kw)
+
+    def _replay_device_part(self) -> None:
+        for fn, args, kw in self._device_exec:
+            fn(*args, **kw)
 
     def run(self) -> None:
         """Replay the step."""
@@ -678,8 +836,15 @@ class Graph:
             kw["offset"] = dev.next_rng_offset(draws)
         prof = profiling.begin_iteration(dev)
         if prof is None:
-            for fn, args, kw in self._exec:
-                fn(*args, **kw)
+            if self._device_replay is None and self._capturable:
+                self._capturable = False  # one try: the device records the Python replay below into its own graph
+                self._device_replay = dev.capture(self._replay_device_part)
+            if self._device_replay is not None:
+                for fn, args, kw in self._inputs_checks:  # host checks (labels): they read, a device graph cannot
+                    fn(*args, **kw)
+                self._device_replay()
+            else:
+                self._replay()
             return
         sync = dev.synchronize
         clock = time.perf_counter_ns

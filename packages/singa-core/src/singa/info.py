@@ -83,6 +83,24 @@ def _backend_report(name: str, backend, origin: str) -> dict[str, Any]:
     return rep
 
 
+def _communicator_report(name: str, obj, origin: str) -> dict[str, Any]:
+    rep: dict[str, Any] = {
+        "name": name,
+        "distribution": getattr(obj, "distribution", None),
+        "version": getattr(obj, "version", None),
+        "entry_point": origin,
+    }
+    for key, method in (("status", "status"), ("info", "info")):
+        fn = getattr(obj, method, None)
+        if callable(fn):
+            try:
+                value = fn()
+                rep[key] = {str(k): str(v) for k, v in dict(value).items()} if key == "info" else value
+            except Exception as exc:  # noqa: BLE001 - report, never crash
+                rep[key] = f"error: {_error(exc)}" if key == "status" else {"error": _error(exc)}
+    return rep
+
+
 def _default_device() -> dict[str, Any]:
     from singa import device as device_mod
 
@@ -115,15 +133,8 @@ def collect() -> dict[str, Any]:
         reg = plugins.registry()
         backends = [_backend_report(n, b, reg.origins.get(n, "?")) for n, b in sorted(reg.backends.items())]
         default = _default_device()
-    communicators = [
-        {
-            "name": name,
-            "distribution": getattr(obj, "distribution", None),
-            "version": getattr(obj, "version", None),
-            "entry_point": reg.origins.get(name, "?"),
-        }
-        for name, obj in sorted(reg.communicators.items())
-    ]
+    communicators = [_communicator_report(name, obj, reg.origins.get(name, "?"))
+                     for name, obj in sorted(reg.communicators.items())]
     return {
         "singa_core": {"version": singa.__version__, "path": os.path.dirname(singa.__file__)},
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
@@ -217,6 +228,11 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
         for c in rep["communicators"]:
             dist = f" {c['distribution']} {c['version']}" if c["distribution"] else ""
             add(f"  {c['name']}:{dist} (entry point {c['entry_point']})")
+            if "status" in c:
+                add(f"    status: {'usable' if c['status'] is None else c['status']}")
+            for k, v in c.get("info", {}).items():
+                if k != "status":
+                    add(f"    {k}: {v}")
     else:
         add("Communicators: none")
     fb = rep["fallback"]

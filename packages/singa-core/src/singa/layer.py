@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from singa import autograd
+from singa import autograd, rnn
 from singa import dtypes as _dt
 from singa.tensor import Tensor
 
@@ -33,7 +33,7 @@ __all__ = [
     "LayerMeta", "Layer", "Linear", "Gemm", "Embedding", "Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d",
     "MaxPool2d", "AvgPool2d", "MaxPool1d", "AvgPool1d", "RNN_Base", "RNN", "LSTM", "ReLU", "Sigmoid", "Add",
     "Flatten", "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy", "Dropout",
-    "Cat", "Reshape",
+    "Cat", "Reshape", "CudnnRNN",
 ]
 
 _PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -81,10 +81,13 @@ class LayerMeta(type):
     def forward_wrapper(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(self: Layer, *args: Any, **kwargs: Any) -> Any:
-            if not self.__dict__.get("_initialized", False):
-                self.initialize(*args, **kwargs)
-                self.__dict__["_initialized"] = True
-            return func(self, *args, **kwargs)
+            try:
+                if not self.__dict__.get("_initialized", False):
+                    self.initialize(*args, **kwargs)
+                    self.__dict__["_initialized"] = True
+                return func(self, *args, **kwargs)
+            except (ValueError, TypeError, IndexError) as exc:  # invalid input: also SINGA's AssertionError
+                raise autograd._compat_error(exc) from None
 
         wrapper.__wrapped_by_layermeta__ = True
         return wrapper
@@ -350,6 +353,13 @@ def _pads_for(mode: str, explicit: tuple[int, int, int, int], x: Tensor, kernel:
     if mode == "VALID":
         return (0, 0, 0, 0)
     return _same_pads(mode, x.shape[2:4], kernel, stride, dilation)
+
+
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Whether `shape` broadcasts to `to` (numpy's rule)."""
+    if len(shape) > len(to):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
 
 
 def _as_steps(out: Any) -> list[Tensor]:
@@ -846,6 +856,8 @@ class RNN_Base(Layer):
             raise TypeError(f"{type(self).__name__}: {what} must be a Tensor or None, got {type(s).__name__}")
         if s.shape == (batch, H) and n == 1:
             return [s], 2
+        if n == 1 and len(s.shape) <= 2 and _broadcasts(s.shape, (batch, H)):
+            return [autograd.expand(s, (batch, H))], 2  # SINGA's states broadcast like any operand: (batch, 1) ...
         if s.shape != (n, batch, H):
             raise ValueError(f"{type(self).__name__}: {what} must have shape {(n, batch, H)}"
                              + (f" or {(batch, H)}" if n == 1 else "") + f", got {s.shape}")
@@ -1018,6 +1030,82 @@ class LSTM(RNN_Base):
         if is_list:
             return outputs, h, c
         return outputs, (h, c)
+
+
+class CudnnRNN(Layer):
+    """SINGA's cuDNN RNN layer: a stacked, optionally bidirectional RNN (rnn_mode 'lstm', 'gru', 'tanh' or 'relu';
+    'vanilla' or 'rnn' take `activation`) whose weights are one flat parameter `W` in cuDNN's layout
+    (`singa.rnn.RNNSpec.layout`). A backend with a fused RNN (cuDNN on the CUDA backend) runs it through
+    `Device.rnn_operator`; elsewhere the generic `singa.rnn.forward` does, built from autograd operators.
+
+    `forward(x, hx=None, cx=None, seq_lengths=None)`: x is (batch, seq, feature) when batch_first (the default, as
+    SINGA's), else (seq, batch, feature); hx, cx (num_layers * D, batch, hidden), None for zeros. Returns the outputs
+    (batch, seq, D * hidden) (seq first when not batch_first) or, with return_sequences=False, the last step's
+    (batch, D * hidden). With use_mask, `seq_lengths` (batch,) gives each sample's length: later steps are padding
+    (zero outputs; the last step is each sample's own). The final states are kept as `self.hy` and `self.cy`.
+    """
+
+    def __init__(self, hidden_size: int, activation: str = "tanh", num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = True, dropout: float = 0, bidirectional: bool = False, rnn_mode: str = "lstm",
+                 use_mask: bool = False, return_sequences: bool = True) -> None:
+        super().__init__()
+        mode = str(rnn_mode).lower()
+        if mode in ("vanilla", "rnn", "rnn_tanh", "rnn_relu"):
+            mode = "relu" if mode == "rnn_relu" else ("tanh" if mode == "rnn_tanh" else str(activation).lower())
+        if mode not in rnn.MODES:
+            raise ValueError(f"CudnnRNN: rnn_mode must be 'lstm', 'gru', 'tanh' or 'relu' (or 'vanilla' with "
+                             f"activation tanh or relu), got {rnn_mode!r} (activation {activation!r})")
+        self.hidden_size = int(hidden_size)
+        self.rnn_mode = mode
+        self.activation = activation
+        self.num_layers = int(num_layers)
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+        self.use_mask = bool(use_mask)
+        self.return_sequences = bool(return_sequences)
+        self.spec = None
+
+    def initialize(self, x: Tensor, hx: Tensor | None = None, cx: Tensor | None = None,
+                   seq_lengths: Any = None) -> None:
+        if not isinstance(x, Tensor) or len(x.shape) != 3:
+            raise ValueError(f"CudnnRNN: expects a 3-D input Tensor, got "
+                             f"{x.shape if isinstance(x, Tensor) else type(x).__name__}")
+        self.spec = rnn.RNNSpec(self.rnn_mode, x.shape[2], self.hidden_size, self.num_layers, self.bidirectional,
+                                self.bias, self.dropout)
+        k = 1.0 / math.sqrt(self.hidden_size)
+        self._param("W", (self.spec.weight_size(),), x).uniform(-k, k)
+
+    def forward(self, x: Tensor, hx: Tensor | None = None, cx: Tensor | None = None,
+                seq_lengths: Any = None) -> Tensor:
+        spec = self.spec
+        if x.shape[2] != spec.input_size:
+            raise ValueError(f"CudnnRNN: input has {x.shape[2]} features, the layer was built for {spec.input_size}")
+        self._align(x, self.W)
+        if self.use_mask and seq_lengths is None:
+            raise ValueError("CudnnRNN: use_mask=True needs seq_lengths (one length per sample)")
+        lengths = seq_lengths if self.use_mask else None
+        if self.batch_first:
+            x = autograd.transpose(x, (1, 0, 2))
+        B = x.shape[1]
+        shape = (spec.num_layers * spec.num_directions, B, spec.hidden_size)
+        states = []
+        for s, what in ((hx, "hx"), (cx, "cx")):
+            if s is None:
+                s = Tensor(shape, x.device, x.dtype, requires_grad=False)
+            elif s.shape != shape:
+                raise ValueError(f"CudnnRNN: {what} must have shape {shape}, got {s.shape}")
+            states.append(s)
+        fused = x.device.rnn_operator(spec, lengths)
+        if fused is not None:
+            y, hy, cy = fused(x, states[0], states[1], self.W)
+        else:
+            y, hy, cy = rnn.forward(spec, x, states[0], states[1], self.W, lengths)
+        self.hy, self.cy = hy, cy
+        if not self.return_sequences:
+            return rnn.last_step(y, lengths)
+        return autograd.transpose(y, (1, 0, 2)) if self.batch_first else y
 
 
 # -- layers without parameters ------------------------------------------------------------------------------------

@@ -14,35 +14,35 @@ model then warns once and keeps running eagerly. A step that creates or replaces
 initialises itself lazily inside `train_one_batch`) is recorded again at the next call.
 
 Checkpoints (`save_states` / `load_states`) are zip files holding one .npy per tensor and a JSON manifest (names,
-dtypes, shapes, format version); nothing is pickled. A checkpoint is written to a temporary file next to the target,
-synced to disk, then renamed over it, so an interrupted or failed save leaves the previous checkpoint intact.
+dtypes, shapes, format version); nothing is pickled. `singa.checkpoint` writes them atomically (an interrupted or
+failed save leaves the previous checkpoint intact; what a killed save left behind is removed by the next save or load)
+and reads them defensively (a damaged file raises `CheckpointError`, naming the file and the problem).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import sys
-import tempfile
 import warnings
-import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from singa import autograd, layer, profiling
+from singa import autograd, checkpoint, layer, profiling
 from singa import dtypes as _dt
 from singa import graph as _graph
 from singa.backend import View
+from singa.distopt import DistOpt
 from singa.tensor import Tensor
 
-__all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
+__all__ = ["ModelMeta", "Model", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError"]
 
-CHECKPOINT_FORMAT = "singa-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_FORMAT = checkpoint.FORMAT
+CHECKPOINT_VERSION = checkpoint.VERSION
+CheckpointError = checkpoint.CheckpointError
 _MAX_RECORD_ATTEMPTS = 3
 
 
@@ -94,8 +94,10 @@ def _opt_signature(opt: Any) -> tuple:
     def plain(o: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in vars(o).items() if isinstance(v, (bool, int, float, str))))
 
-    lr = getattr(opt, "lr", None)
-    return (id(opt), plain(opt), id(lr), plain(lr) if hasattr(lr, "__dict__") else lr)
+    # its hyper-parameters are schedulers (SINGA's lr, momentum, ...): each one's identity and settings
+    scheds = tuple(sorted((k, id(v), plain(v)) for k, v in vars(opt).items()
+                          if hasattr(v, "__dict__") and hasattr(v, "init_value")))
+    return (id(opt), plain(opt), scheds)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -193,7 +195,9 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Create the parameters by running `forward` once on the placeholders, then set the modes.
 
         The forward runs without recording autograd and in evaluation mode (batch statistics are not touched);
-        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order).
+        `use_graph` turns graph mode on for `train_one_batch` (`sequential`: replay in program order). With a
+        `DistOpt` as the optimizer (set_optimizer before compile) and is_train, every rank then takes rank 0's
+        parameters and states.
         """
         if isinstance(inputs, Tensor):
             inputs = [inputs]
@@ -207,6 +211,10 @@ class Model(layer.Layer, metaclass=ModelMeta):
         finally:
             autograd.training = prev
         self.initialized = True
+        opt = getattr(self, "optimizer", None)
+        if is_train and isinstance(opt, DistOpt):
+            # data-parallel training starts from rank 0's parameters (and buffers such as running means)
+            opt.broadcast_parameters(list(self.get_states().values()))
         self.train(is_train)
         self.graph(use_graph, sequential)
 
@@ -234,8 +242,8 @@ class Model(layer.Layer, metaclass=ModelMeta):
 
     # -- graph mode ----------------------------------------------------------------------------------------------------
     def _run_step(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        if self._in_step or not self.graph_mode or not self.training:
-            return func(self, *args, **kwargs)
+        if self._in_step or not self.graph_mode or not self.training or _graph.recording() is not None:
+            return func(self, *args, **kwargs)  # (inside a recording made through the device, it records there)
         self._in_step = True
         try:
             return self._graph_step(func, args, kwargs)
@@ -267,8 +275,11 @@ class Model(layer.Layer, metaclass=ModelMeta):
     def _record(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         tensors = _tensors_in(list(args) + list(kwargs.values()))
         dev = self.device if self.device is not None else (tensors[0].device if tensors else None)
-        if dev is None:
-            return func(self, *args, **kwargs)
+        if dev is None or not self.initialized:
+            # the first step creates the parameters: run it eagerly (get_states() means nothing before it)
+            out = func(self, *args, **kwargs)
+            self.initialized = True
+            return out
         opt = getattr(self, "optimizer", None)
         if opt is not None and hasattr(opt, "_scalars"):
             opt._scalars.clear()  # per-step values computed outside the recording must be recomputed inside it
@@ -325,8 +336,20 @@ class Model(layer.Layer, metaclass=ModelMeta):
         """Write the parameters and states, the attached optimizer's states and `aux_states` to a zip checkpoint.
 
         aux values may be Tensors, numpy arrays or JSON values (numbers, strings, lists, dicts); they come back from
-        load_states as they went in. The file is replaced atomically.
+        load_states as they went in. The file is replaced atomically. With a DistOpt over several ranks, every rank
+        calls save_states (as SINGA's scripts do): rank 0 writes the file, and each rank returns once it is written,
+        so that any rank may load it.
         """
+        opt = getattr(self, "optimizer", None)
+        dist = opt if isinstance(opt, DistOpt) and opt.world_size > 1 else None
+        if dist is not None and dist.global_rank != 0:
+            dist.barrier(self.device)  # rank 0 writes; wait until it has
+            return
+        self._write_states(fpath, aux_states)
+        if dist is not None:
+            dist.barrier(self.device)
+
+    def _write_states(self, fpath: str | os.PathLike, aux_states: Mapping[str, Any]) -> None:
         arrays: list[dict[str, Any]] = []
         data: list[np.ndarray] = []
 
@@ -344,8 +367,13 @@ class Model(layer.Layer, metaclass=ModelMeta):
         opt = getattr(self, "optimizer", None)
         if opt is not None and callable(getattr(opt, "get_states", None)):
             manifest["optimizer"] = type(opt).__name__
-            for name, v in opt.get_states().items():
-                add("optimizer", name, np.asarray(v), "tensor")
+            for key, v in opt.get_states().items():
+                if isinstance(v, Mapping):  # SINGA's per-parameter groups: {'moments': {param name: tensor}}
+                    for name, t in v.items():
+                        add("optimizer", f"{key}/{name}", np.asarray(t), "tensor")
+                        arrays[-1]["group"] = key
+                else:
+                    add("optimizer", key, np.asarray(v), "tensor")
         for name, v in aux_states.items():
             if not isinstance(name, str):
                 raise TypeError(f"save_states: aux_states keys must be strings, got {name!r}")
@@ -359,7 +387,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
                 except (TypeError, ValueError):
                     raise TypeError(f"save_states: aux state {name!r} is a {type(v).__name__}; use a Tensor, a numpy "
                                     "array or a JSON value") from None
-        _atomic_write(os.fspath(fpath), manifest, data)
+        checkpoint.write(fpath, manifest, data)
 
     def load_states(self, fpath: str | os.PathLike) -> dict[str, Any]:
         """Restore a checkpoint written by save_states (in place, into the existing tensors); returns aux_states.
@@ -368,7 +396,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
         changed.
         """
         fpath = os.fspath(fpath)
-        manifest, arrays = _read_checkpoint(fpath)
+        manifest, arrays = checkpoint.read(fpath)
         current = self.get_states()
         if not current:
             raise RuntimeError(f"load_states({fpath!r}): {type(self).__name__} has no parameters yet; call "
@@ -391,7 +419,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
             raise ValueError(f"load_states({fpath!r}): the checkpoint does not match {type(self).__name__}: "
                              + "; ".join(problems))
         opt = getattr(self, "optimizer", None)
-        opt_states = {e["name"]: a for e, a in arrays if e["section"] == "optimizer"}
+        opt_states = _optimizer_states(manifest, arrays)
         if opt_states and opt is not None and callable(getattr(opt, "set_states", None)):
             if manifest.get("optimizer") == type(opt).__name__:
                 opt.set_states(opt_states)
@@ -410,63 +438,25 @@ class Model(layer.Layer, metaclass=ModelMeta):
         return aux
 
 
-def _write_array(f: Any, arr: np.ndarray) -> None:
-    # (np.ascontiguousarray would turn a 0-d array into shape (1,))
-    np.lib.format.write_array(f, np.array(arr, order="C", copy=not arr.flags.c_contiguous), allow_pickle=False)
+# Version 1 checkpoints named optimizer states '<param>/<state>' with these state names.
+_V1_STATE_GROUPS = {"momentum": "moments", "square_avg": "running_average", "sum": "history", "m": "m", "v": "v",
+                    "master": "master"}
 
 
-def _atomic_write(fpath: str, manifest: dict, data: list[np.ndarray]) -> None:
-    folder = os.path.dirname(os.path.abspath(fpath))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(fpath) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for entry, arr in zip(manifest["arrays"], data):
-                    with zf.open(entry["file"], "w", force_zip64=True) as member:
-                        _write_array(member, arr)
-                zf.writestr("manifest.json", json.dumps(manifest, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(fpath).st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, fpath)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def _read_checkpoint(fpath: str) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
-    try:
-        zf = zipfile.ZipFile(fpath, "r")
-    except zipfile.BadZipFile:
-        raise ValueError(f"load_states({fpath!r}): not a zip file (not a SINGA checkpoint, or a damaged one)") from None
-    with zf:
-        try:
-            manifest = json.loads(zf.read("manifest.json"))
-        except KeyError:
-            raise ValueError(f"load_states({fpath!r}): no manifest.json (not a SINGA checkpoint)") from None
-        if manifest.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"load_states({fpath!r}): format {manifest.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
-        version = manifest.get("version")
-        if not isinstance(version, int) or version > CHECKPOINT_VERSION:
-            raise ValueError(f"load_states({fpath!r}): checkpoint format version {version!r} is newer than this "
-                             f"singa reads ({CHECKPOINT_VERSION}); upgrade singa")
-        out = []
-        for e in manifest.get("arrays", []):
-            with zf.open(e["file"]) as f:
-                a = np.lib.format.read_array(f, allow_pickle=False)
-            if str(a.dtype) != e["dtype"] or list(a.shape) != list(e["shape"]):
-                raise ValueError(f"load_states({fpath!r}): entry {e['name']!r} is {a.dtype}{list(a.shape)}, the "
-                                 f"manifest says {e['dtype']}{e['shape']} (damaged checkpoint)")
-            out.append((e, a))
-    return manifest, out
+def _optimizer_states(manifest: dict, arrays: list[tuple[dict, np.ndarray]]) -> dict[str, Any]:
+    """The optimizer section as Optimizer.set_states takes it: {'step_counter': ..., 'moments': {name: array}}."""
+    out: dict[str, Any] = {}
+    for e, a in arrays:
+        if e["section"] != "optimizer":
+            continue
+        name = e["name"]
+        group = e.get("group")
+        if group is None and manifest.get("version") == 1 and "/" in name:
+            param, _, state = name.rpartition("/")
+            group = _V1_STATE_GROUPS.get(state, state)
+            name = f"{group}/{param}"
+        if group is not None:
+            out.setdefault(group, {})[name[len(group) + 1:]] = a
+        else:
+            out[name] = a
+    return out

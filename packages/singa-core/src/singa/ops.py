@@ -5,12 +5,17 @@ device (`device.alloc`) and calls the device's kernel, `device.table[name](*view
 `singa.primitives`. The core never touches device memory: transposes, slices, broadcasting and `expand` are views that
 only change shape/strides/offset; everything else is a kernel call.
 
-Dtype rule (SINGA's, made explicit):
+Dtype rule of the element-wise binary operations (SINGA's, made explicit):
 
-* no implicit promotion: tensor operands of one operation must share a dtype, otherwise TypeError naming both;
-* a Python or numpy scalar adopts the tensor's dtype; an integer or bool tensor refuses a scalar it cannot represent
-  exactly (`int_tensor * 0.5` is an error: convert with `cast` first);
-* a numpy array operand becomes a tensor of the other operand's dtype when it is of the same kind (float/int/bool);
+* operands of different kinds (bool < integer < float) compute in the dtype of the higher kind, the other operand
+  converted first, as SINGA casts: int32 + float32 is float32, bool * int32 is int32;
+* operands of the same kind and different widths are not promoted (float16 + float32, int32 + int64): TypeError
+  naming both, so that a half-precision or int64 index path never widens silently;
+* a Python or numpy scalar adopts the tensor's dtype, except that a float scalar with an integer or bool tensor makes
+  the result float32 (SINGA converts the scalar with float(); `int_tensor * 0.5` is float32, `int_tensor * 2` stays
+  integer); an integer scalar out of an integer tensor's range is an error;
+* a numpy array operand becomes a tensor of the other operand's dtype when it is of the same kind (float/int/bool),
+  else a tensor of its own dtype (float64 as float32), and the rule above applies;
 * integer `div` truncates toward zero (C, as the kernels do); `floor_divide` and `mod` follow Python.
 
 Errors name the operation and both operands' shapes, dtypes or devices: `add: cannot broadcast shapes (2, 3) and (4,)`.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from singa import dtypes as _dt
+from singa import graph as _graph
 from singa.backend import Device, View
 from singa.expressions import TABLE as _TABLE
 from singa.tensor import Tensor
@@ -108,10 +115,27 @@ def _shape_arg(op: str, shape: Any) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        out = tuple(int(d) for d in shape)
+        out = tuple(operator.index(d) for d in shape)  # 2.5 is refused, not truncated (as numpy does)
     except TypeError:
-        raise TypeError(f"{op}: shape must be a sequence of ints, got {shape!r}") from None
+        raise TypeError(f"{op}: shape must be a sequence of integers, got {shape!r}") from None
     return out
+
+
+MAX_BYTES = 2**63 - 1  # the largest byte count a device allocation can be asked for (a signed 64-bit size)
+
+
+def alloc_for(op: str, shape: tuple, dtype: int, device: Device):
+    """Device memory for a new contiguous tensor of `shape` (validated dims): a byte size that overflows, or memory
+    the device cannot give, is an error naming the shape."""
+    nbytes = math.prod(shape) * _dt.itemsize(dtype)
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{op}: shape {shape} of {_name(dtype)} needs {nbytes} bytes, more than any device can "
+                         f"allocate ({MAX_BYTES})")
+    try:
+        return device.alloc(nbytes)
+    except (MemoryError, OverflowError) as exc:
+        raise MemoryError(f"{op}: cannot allocate a {_name(dtype)} tensor of shape {shape} ({nbytes} bytes) on "
+                          f"{device.name}: {exc}") from None
 
 
 def _entry_dtypes(entry) -> frozenset:
@@ -133,7 +157,7 @@ def empty(shape: Sequence[int], dtype: int = float32, device: Device | None = No
         raise ValueError(f"empty: negative dimension in shape {shape}")
     device = _default_device() if device is None else device
     _device_dtype("empty", dtype, device)
-    return _empty(shape, dtype, device)
+    return _wrap(alloc_for("empty", shape, dtype, device), dtype, shape, _meta(shape)[0], 0, device)
 
 
 def full(shape: Sequence[int], value: Any, dtype: int = float32, device: Device | None = None) -> Tensor:
@@ -181,6 +205,25 @@ def _same_dtype(op: str, a, b) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{op}: dtype mismatch {_name(a.dtype)} and {_name(b.dtype)} "
                         "(no implicit promotion; convert one with as_type)")
+
+
+def _kind(dtype: int) -> int:
+    """0 bool, 1 integer, 2 float: the order in which mixed binary operands are promoted."""
+    return 2 if dtype in _FLOATS else (0 if dtype == bool_ else 1)
+
+
+def _promote(op: str, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Operands of different kinds in the dtype of the higher kind (SINGA casts int to float); same kind, other
+    width: TypeError naming both."""
+    ka, kb = _kind(a.dtype), _kind(b.dtype)
+    if ka == kb:
+        if a.dtype != b.dtype:
+            raise TypeError(f"{op}: dtype mismatch {_name(a.dtype)} and {_name(b.dtype)} (operands of one kind are "
+                            "not widened implicitly; convert one with as_type)")
+        return a, b
+    if ka < kb:
+        return cast(a, b.dtype), b
+    return a, cast(b, a.dtype)
 
 
 def _supported(op: str, dtype: int, allowed) -> None:
@@ -328,14 +371,23 @@ def _const(op: str, v: Any, dtype: int, dev: Device) -> Tensor:
     return t
 
 
-def _array_operand(op: str, arr: np.ndarray, like: Tensor) -> Tensor:
-    """A numpy operand becomes a tensor of the other operand's dtype, if it is of the same kind."""
+def _array_operand(op: str, arr: np.ndarray, like: Tensor, promote: bool = False) -> Tensor:
+    """A numpy operand becomes a tensor of the other operand's dtype if it is of the same kind; otherwise, where
+    `promote` (binary operations), a tensor of its own dtype (float64 as float32, other integers as int32/int64)."""
     kind = "f" if like.dtype in _FLOATS else ("b" if like.dtype == bool_ else "i")
     akind = "i" if arr.dtype.kind == "u" else arr.dtype.kind
-    if akind != kind:
+    if akind == kind:
+        return from_numpy(arr, like.device, like.dtype)
+    if not promote or akind not in "fib":
         raise TypeError(f"{op}: dtype mismatch {_name(like.dtype)} and numpy {arr.dtype} "
                         "(no implicit promotion; convert one first)")
-    return from_numpy(arr, like.device, like.dtype)
+    if akind == "f":
+        code = float32
+    elif akind == "b":
+        code = bool_
+    else:
+        code = int64 if arr.dtype.itemsize > 4 else int32
+    return from_numpy(arr, like.device, code)
 
 
 # tensor OP scalar -> (scalar kernel, negate the scalar); scalar OP tensor -> scalar kernel. Floats only: integer
@@ -366,8 +418,12 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None, alpha: float = 
             raise TypeError(f"{name}: needs a Tensor operand, got {type(a).__name__} and {type(b).__name__}")
         t, s = (a, b) if at else (b, a)
         if isinstance(s, np.ndarray):
-            s = _array_operand(name, s, t)
+            s = _array_operand(name, s, t, promote=True)
         elif isinstance(s, SCALAR_TYPES):
+            if isinstance(s, (float, np.floating)) and t.dtype not in _FLOATS:
+                t = cast(t, float32)  # SINGA: a float scalar makes an integer (or bool) operation float
+            elif t.dtype == bool_ and not isinstance(s, (bool, np.bool_)) and s not in (0, 1):
+                t = cast(t, int32)  # bool * 2 counts: an integer result
             _supported(name, t.dtype, _entry_dtypes(entry))
             v = _scalar(name, s, t.dtype)
             odt = bool_ if entry.out_bool else t.dtype
@@ -386,7 +442,8 @@ def binary(name: str, a: Any, b: Any, out: Tensor | None = None, alpha: float = 
                             "(expected a Tensor, a number or a numpy array)")
         a, b = (t, s) if at else (s, t)
     _same_device(name, a, b)
-    _same_dtype(name, a, b)
+    if a.dtype != b.dtype:
+        a, b = _promote(name, a, b)
     _supported(name, a.dtype, _entry_dtypes(entry))
     shape = a.shape if a.shape == b.shape else broadcast_shapes(name, a.shape, b.shape)
     odt = bool_ if entry.out_bool else a.dtype
@@ -570,13 +627,10 @@ def clip(x: Tensor, min: float | None = None, max: float | None = None, out: Ten
     return unary("clip", x, lo, hi, out=out)
 
 
-def floor_divide(a: Any, b: Any) -> Tensor:
-    """Python's `//`: floor(a / b) for floats; for integers (a - a mod b) / b, exact (x // 0 gives 0)."""
-    like = a if isinstance(a, Tensor) else b
-    _tensor("floor_divide", like)
-    if like.dtype in _FLOATS:
-        return floor(div(a, b))
-    return div(sub(a, mod(a, b)), b)
+def floor_divide(a: Any, b: Any, out: Tensor | None = None) -> Tensor:
+    """Python's `//` (numpy's floor_divide): floor(a / b) without rounding the quotient first; integers exact, x // 0
+    gives 0."""
+    return binary("floor_divide", a, b, out)
 
 
 def where(cond: Tensor, a: Any, b: Any, out: Tensor | None = None) -> Tensor:
@@ -1646,6 +1700,30 @@ def log_softmax_backward(dy: Tensor, y: Tensor, axis: int = -1) -> Tensor:
     return _softmax_grad("log_softmax_backward", dy, y, axis)
 
 
+def check_labels(op: str, labels: Tensor, classes: int) -> None:
+    """Class labels must be whole numbers in [0, classes): else an error naming the first bad label and its position
+    (no wrapping of -1 to the last class, no truncation of 2.5). The check reads the labels on the host; in a step
+    recorded for graph mode it is part of the graph and runs at every replay (`graph.host_check`), on every backend."""
+    _tensor(op, labels, "labels")
+
+    def check(view: Any) -> None:
+        arr = view.buffer.device.read(view).reshape(-1)
+        if arr.dtype.kind == "f":
+            whole = np.isfinite(arr) & (np.floor(arr) == arr)
+            if not whole.all():
+                i = int(np.argmin(whole))
+                raise ValueError(f"{op}: label {arr[i].item()!r} at position {i} is not a whole number (class labels "
+                                 f"are integers in [0, {classes}))")
+        bad = (arr < 0) | (arr >= classes)
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = arr[i].item()
+            raise IndexError(f"{op}: label {int(v) if float(v).is_integer() else v} at position {i} is outside "
+                             f"[0, {classes}) ({classes} classes)")
+
+    _graph.host_check(f"{op}:check_labels", check, labels)
+
+
 def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
     _tensor(op, x, "x")
     _tensor(op, target, "target")
@@ -1659,6 +1737,7 @@ def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
             target = reshape(target, (N,))
         if target.shape != (N,):
             raise ValueError(f"{op}: label target shape {target.shape} does not match x {x.shape} (expected ({N},))")
+        check_labels(op, target, C)
     else:
         _same_dtype(op, x, target)
         if target.shape != (N, C):

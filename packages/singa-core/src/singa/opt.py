@@ -2,14 +2,25 @@
 
 The update equations are PyTorch's (`torch.optim`), weight decay included (an L2 term added to the gradient).
 
-Updates are written in place into each parameter's own memory, and every quantity that changes from step to step
-(the learning rate of a schedule, Adam's bias corrections, SGD's first-step dampening) is computed on the device from
-the step counter, itself a device tensor advanced by `step()`. A training step therefore has no Python-side state
-that a graph replay (singa.graph) would miss, and a recorded step stays correct at every later step.
+SINGA's object API. Every hyper-parameter is a `DecayScheduler` (a number given to the constructor becomes
+`Constant(number)`): `lr`, SGD's `momentum`, `dampening`, `weight_decay`, RMSProp's `rho`, `epsilon`, Adam's `beta_1`,
+`beta_2` ... Next to each is its value at the current step as a device Tensor of shape (1,): `lr_value`, `mom_value`,
+`dam_value`, `decay_value`, `rho_value`, `epsilon_value`, `beta_1_value`, `beta_2_value`. `step_counter` is a float32
+Tensor of shape (1,) holding the number of completed steps; `step()` advances it and recomputes every `*_value`.
+These tensors exist from construction, on the default device, and move to the parameters' device at the first update.
+The per-parameter states are SINGA's dicts keyed by parameter name: SGD `moments`, RMSProp `running_average`, AdaGrad
+`history`, Adam `m` and `v`. `get_states()` returns `{'step_counter': float, 'moments': {name: Tensor}, ...}` with
+those keys and `set_states()` takes the same (values may be Tensors or numpy arrays).
 
-Optimizer state (momentum buffers, moments) belongs to the parameter *object*: it is kept in a dict keyed by
-`id(param)` that also holds the parameter, so that the id cannot be reused. Two parameters with the same name never
-share state. Names only label the state in `get_states()` / `set_states()` checkpoints.
+Updates are written in place into each parameter's own memory, and every quantity that changes from step to step
+(a scheduled value, Adam's bias corrections, SGD's first-step dampening) is computed on the device from the step
+counter, itself advanced on the device by `step()`. A training step therefore has no Python-side state that a graph
+replay (singa.graph) would miss, and a recorded step stays correct at every later step. A `Constant` hyper-parameter
+is applied as a plain number (one kernel less per update).
+
+Optimizer state belongs to the parameter *object*: it is kept in a dict keyed by `id(param)` that also holds the
+parameter, so that the id cannot be reused. Two parameters with the same name never share state (the second gets the
+label 'name#1'). Names only label the state in the dicts above and in checkpoints.
 
 Half precision. A float16 parameter is trained through a float32 *master* copy (`master_weights=True`, the default):
 at its first update the optimizer creates the master (the parameter cast to float32) and keeps every state of that
@@ -17,8 +28,8 @@ parameter (momentum, moments) in float32 too. Each update casts the float16 grad
 the master, and writes the master rounded to float16 back into the parameter's own buffer (in place, so a recorded
 graph keeps working). Before each update the master is re-synchronised from the parameter when the two disagree
 (something else wrote the parameter: `set_params`, `load_states` of a checkpoint without masters), so the float16
-tensor stays the source of truth. Masters are saved as '<param>/master' states. With `master_weights=False` the
-update runs in the parameter's own dtype, as in Apache SINGA (small updates are then lost to float16 rounding).
+tensor stays the source of truth. Masters are the 'master' states. With `master_weights=False` the update runs in
+the parameter's own dtype, as in Apache SINGA (small updates are then lost to float16 rounding).
 
 Loss scaling. `loss_scale=S` (static) makes `opt(loss)` back-propagate from S * loss, so that small float16
 gradients do not flush to zero, then unscale each gradient in float32 (times 1 / S) before the update. All gradients
@@ -31,7 +42,7 @@ unscaled gradients and checks nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -41,17 +52,19 @@ from singa import graph, ops, tensor
 from singa.backend import Device
 from singa.tensor import Tensor
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam"]
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam",
+           "DistOpt"]
 
 _F16_MAX = 65504.0  # the largest finite float16
+_NUMBER = (int, float, np.integer, np.floating)
 
 
 # -- learning-rate schedules ----------------------------------------------------------------------------------------
 
 
 class DecayScheduler:
-    """A value that depends on the step: `scheduler(step)` for a number (a float) or a 0-d Tensor (a Tensor on the
-    same device, computed with kernels so that graph replays follow the schedule)."""
+    """A value that depends on the step: `scheduler(step)` for a number (a float) or a Tensor (a Tensor of the
+    step's shape on its device, computed with kernels so that graph replays follow the schedule)."""
 
     def __init__(self, init_value: float):
         self.init_value = float(init_value)
@@ -69,7 +82,7 @@ class Constant(DecayScheduler):
     def call(self, step: Any) -> Any:
         if isinstance(step, Tensor):
             dt = step.dtype if step.dtype in _dt.FLOATS else _dt.float32
-            return ops.full((), self.init_value, dt, step.device)
+            return ops.full(step.shape, self.init_value, dt, step.device)
         return self.init_value
 
 
@@ -97,6 +110,34 @@ class ExponentialDecay(DecayScheduler):
         return self.init_value * self.decay_rate ** e
 
 
+def _scheduler(owner: str, what: str, value: Any) -> DecayScheduler:
+    """A hyper-parameter as SINGA keeps it: a DecayScheduler (numbers become Constant)."""
+    if isinstance(value, DecayScheduler):
+        return value
+    if isinstance(value, _NUMBER) and not isinstance(value, (bool, np.bool_)):
+        return Constant(float(value))
+    raise TypeError(f"Wrong {what} type: {owner} takes a number or an opt.DecayScheduler for {what}, got "
+                    f"{type(value).__name__}")
+
+
+# -- arithmetic on hyper-parameters that are numbers (Constant) or 0-d device scalars (other schedules) -------------
+
+
+def _times(x: Tensor, a: Any) -> Tensor:
+    return x if isinstance(a, float) and a == 1.0 else ops.mul(x, a)
+
+
+def _one_minus(a: Any) -> Any:
+    return 1.0 - a if isinstance(a, float) else ops.sub(1.0, a)
+
+
+def _combine(a: Any, x: Tensor, b: Any, y: Tensor, out: Tensor | None = None) -> Tensor:
+    """a * x + b * y (a, b numbers or 0-d tensors): one kernel when both are numbers."""
+    if isinstance(a, float) and isinstance(b, float):
+        return ops.axpby(a, x, b, y, out=out)
+    return ops.add(_times(x, a), _times(y, b), out=out)
+
+
 # -- optimizers -----------------------------------------------------------------------------------------------------
 
 
@@ -106,49 +147,122 @@ class _ParamState:
     def __init__(self, param: Tensor, name: str, tensors: dict[str, Tensor]):
         self.param = param  # keeps id(param) from being reused while the state exists
         self.name = name
-        self.tensors = tensors
+        self.tensors = tensors  # state group ('moments', 'm', 'master' ...) -> tensor
+
+
+class _StateView(MutableMapping):
+    """SINGA's per-parameter state dict (`opt.moments`, `opt.m` ...): {parameter name: state tensor}, live.
+
+    Assigning `view[name] = value` writes the value into that state (or keeps it for the parameter's first update);
+    deleting forgets the state (it starts from zero again)."""
+
+    def __init__(self, opt: Optimizer, group: str):
+        self._opt = opt
+        self._group = group
+
+    def _by_name(self) -> dict[str, _ParamState]:
+        return {st.name: st for st in self._opt._states.values() if self._group in st.tensors}
+
+    def __getitem__(self, name: str) -> Tensor:
+        st = self._by_name().get(name)
+        if st is None:
+            raise KeyError(name)
+        return st.tensors[self._group]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._opt.set_states({self._group: {name: value}})
+
+    def __delitem__(self, name: str) -> None:
+        st = self._by_name().get(name)
+        if st is None:
+            raise KeyError(name)
+        del st.tensors[self._group]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._by_name()))
+
+    def __len__(self) -> int:
+        return len(self._by_name())
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(f'{k!r}: Tensor{v.shape}' for k, v in self.items())}}}"
 
 
 class Optimizer:
     """Base class: `opt(loss)` runs `autograd.backward(loss)`, updates every parameter it yields, then `step()`.
 
-    `lr` is a number or a DecayScheduler; `dtype` is that of the step counter's float view and the schedule values.
+    `lr` is a number or a DecayScheduler; `dtype` is that of the schedule values used in the update rules.
     `loss_scale` (a number, best a power of two; None: off) turns on static loss scaling with overflow skipping;
     `master_weights` (default True) trains float16 parameters through float32 master copies (see the module doc).
     """
 
-    state_names: tuple[str, ...] = ()
+    # the per-parameter state groups of the rule (SINGA's names, which are also the get_states() keys)
+    state_groups: tuple[str, ...] = ()
+    # (scheduler attribute, value attribute) pairs: the value is scheduler(step_counter), recomputed by step()
+    _values: tuple[tuple[str, str], ...] = (("lr", "lr_value"),)
 
     def __init__(self, lr: float | DecayScheduler, dtype: int = tensor.float32, *, loss_scale: float | None = None,
                  master_weights: bool = True):
-        if isinstance(lr, DecayScheduler):
-            self.lr = lr
-        else:
-            lr = float(lr)
-            if not lr >= 0.0:
-                raise ValueError(f"{type(self).__name__}: lr must be >= 0, got {lr}")
-            self.lr = Constant(lr)
+        who = type(self).__name__
+        if not isinstance(lr, DecayScheduler) and isinstance(lr, _NUMBER) and not float(lr) >= 0.0:
+            raise ValueError(f"{who}: lr must be >= 0, got {lr}")
+        self.lr = _scheduler(who, "learning rate", lr)
         if dtype not in _dt.FLOATS:
-            raise TypeError(f"{type(self).__name__}: dtype must be tensor.float32 or float16, got {_dt.name(dtype)}")
+            raise TypeError(f"{who}: dtype must be tensor.float32 or float16, got {_dt.name(dtype)}")
         self.dtype = dtype
         if loss_scale is not None:
             loss_scale = float(loss_scale)
             if not (math.isfinite(loss_scale) and loss_scale > 0.0):
-                raise ValueError(f"{type(self).__name__}: loss_scale must be a positive finite number, got "
-                                 f"{loss_scale}")
+                raise ValueError(f"{who}: loss_scale must be a positive finite number, got {loss_scale}")
         self.loss_scale = loss_scale
         self.master_weights = bool(master_weights)
-        self.step_counter: Tensor | None = None  # int32, 0-d, on the device of the first parameter updated
+        # SINGA's step counter: float32, shape (1,), on the default device until the first parameter comes
+        self.step_counter = tensor.zeros((1,))
         self.skipped_steps: Tensor | None = None  # int32, 0-d: steps skipped for inf/nan gradients (loss_scale)
-        self._one: Tensor | None = None
+        if loss_scale is not None:
+            self.skipped_steps = ops.full((), 0, _dt.int32, self.step_counter.device)
+        self._device: Device | None = None  # the parameters' device, fixed by the first update
         self._ok: Tensor | None = None  # during a loss-scaled call(): bool 0-d, every gradient is finite
         self._unscaled: dict[int, Tensor] = {}  # during a loss-scaled call(): id(grad) -> float32 grad / loss_scale
         self._states: dict[int, _ParamState] = {}
         self._names: set[str] = set()
         self._scalars: dict[tuple, Any] = {}  # per-step device scalars; step() clears them
-        self._pending: dict[str, np.ndarray] = {}  # set_states() values for parameters not seen yet
-        self._pending_step = 0
-        self._pending_skipped = 0
+        self._pending: dict[tuple[str, str], np.ndarray] = {}  # set_states() values for parameters not seen yet
+        self._init_values()
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The state groups the rule uses now (SGD without momentum keeps none)."""
+        return self.state_groups
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a hyper-parameter stays a DecayScheduler (`opt.momentum = 0.5` becomes Constant(0.5)); its value tensor,
+        # once it exists, is recomputed in place
+        for sched, value_name in type(self)._values:
+            if name == sched:
+                value = _scheduler(type(self).__name__, name, value)
+                object.__setattr__(self, name, value)
+                v = self.__dict__.get(value_name)
+                if v is not None:
+                    ops.assign(v, self._evaluate(value))
+                    self._scalars.clear()
+                return
+        object.__setattr__(self, name, value)
+
+    def _init_values(self) -> None:
+        """Create the `*_value` tensors of the schedulers set so far (a subclass calls this again after setting
+        its own)."""
+        for sched, value in self._values:
+            s = getattr(self, sched, None)
+            if s is not None and not hasattr(self, value):
+                setattr(self, value, self._evaluate(s))
+
+    def _evaluate(self, s: DecayScheduler) -> Tensor:
+        """scheduler(step_counter) as a float32 tensor of the counter's shape (a scheduler may return a number)."""
+        v = s(self.step_counter)
+        if not isinstance(v, Tensor):
+            return ops.full(self.step_counter.shape, float(v), _dt.float32, self.step_counter.device)
+        return v if v.dtype == _dt.float32 else ops.cast(v, _dt.float32)
 
     # -- the public protocol ------------------------------------------------------------------------------------------
     def __call__(self, loss: Tensor) -> None:
@@ -156,14 +270,15 @@ class Optimizer:
         self.step()
 
     def call(self, loss: Tensor) -> None:
-        """Backward from `loss` and update each parameter as its gradient arrives (no step())."""
+        """Backward from `loss` and update each parameter as its gradient arrives (no step()). The graph's saved
+        tensors are released as the backward goes: the step is done with it."""
         from singa import autograd
 
         if self.loss_scale is not None:
             self._scaled_call(autograd, loss)
             return
         graph.set_phase("backward")
-        for p, g in autograd.backward(loss):
+        for p, g in autograd.backward(loss, retain_graph=False):
             self.update(p, g)
             graph.set_phase("backward")
         graph.set_phase("update")
@@ -175,7 +290,7 @@ class Optimizer:
             raise ValueError(f"{type(self).__name__}: loss_scale {scale:g} overflows the float16 loss (largest "
                              f"float16: {_F16_MAX:g}); use at most 32768")
         graph.set_phase("backward")
-        pairs = list(autograd.backward(loss, scale))  # every gradient first: the skip decision needs them all
+        pairs = list(autograd.backward(loss, scale, retain_graph=False))  # every gradient first: the skip needs all
         graph.set_phase("update")
         inv = 1.0 / scale
         total = None
@@ -203,25 +318,30 @@ class Optimizer:
 
     def update(self, param: Tensor, grad: Tensor) -> None:
         """Update one parameter in place from its gradient."""
-        self.apply(param.name, param, grad)
+        self.apply(getattr(param, "name", None), param, grad)
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
-        """Update `param_value` in place; `param_name` only labels its state in checkpoints."""
+        """Update `param_value` in place; `param_name` labels its state (in the state dicts and checkpoints)."""
         raise NotImplementedError(f"{type(self).__name__}.apply is not implemented")
 
     def step(self) -> None:
-        """Advance the step counter (learning-rate schedules and bias corrections read it)."""
+        """Advance the step counter and recompute every scheduled value (`lr_value` ...) from it."""
         self._scalars.clear()
         ok, self._ok = self._ok, None
-        if self.step_counter is None:
-            self._pending_step += 1
-            return
         if ok is None:
-            ops.add(self.step_counter, self._one, out=self.step_counter)
-            return
-        done = ops.cast(ok, _dt.int32)  # 1, or 0 for a step skipped on overflow
-        ops.add(self.step_counter, done, out=self.step_counter)
-        ops.add(self.skipped_steps, ops.sub(self._one, done), out=self.skipped_steps)
+            ops.add(self.step_counter, 1.0, out=self.step_counter)
+        else:
+            ops.add(self.step_counter, ops.cast(ok, _dt.float32), out=self.step_counter)
+            done = ops.cast(ok, _dt.int32)  # 1, or 0 for a step skipped on overflow
+            ops.add(self.skipped_steps, ops.sub(1, done), out=self.skipped_steps)
+        self._refresh_values(constants=False)
+
+    def _refresh_values(self, constants: bool) -> None:
+        """value = scheduler(step_counter), written in place (a graph replay keeps using the same tensors)."""
+        for sched, value in self._values:
+            s = getattr(self, sched)
+            if constants or type(s) is not Constant:
+                ops.assign(getattr(self, value), self._evaluate(s))
 
     def device_check(self, *inputs: Tensor) -> None:
         """Move every tensor to the device of the first one (in place), as SINGA does."""
@@ -231,77 +351,67 @@ class Optimizer:
                 t.to_device(dev)
 
     # -- checkpoints --------------------------------------------------------------------------------------------------
-    def get_states(self) -> dict[str, Tensor]:
-        """{'step_counter': ..., '<param name>/<state>': ...} as Tensor copies (np.asarray converts each)."""
-        out: dict[str, Tensor] = {}
-        if self.step_counter is not None:
-            out["step_counter"] = self.step_counter.clone()
-        else:
-            out["step_counter"] = tensor.from_numpy(np.array(self._pending_step, np.int32))
-        if self.loss_scale is not None:
-            out["skipped_steps"] = (self.skipped_steps.clone() if self.skipped_steps is not None
-                                    else tensor.from_numpy(np.array(self._pending_skipped, np.int32)))
+    def get_states(self) -> dict[str, Any]:
+        """SINGA's keys: {'step_counter': float, '<group>': {param name: Tensor}} with the rule's groups (SGD
+        'moments', RMSProp 'running_average', AdaGrad 'history', Adam 'm' and 'v'), plus 'master' for float16
+        parameters' float32 masters and 'skipped_steps' (an int) with loss scaling. The tensors are copies."""
+        out: dict[str, Any] = {"step_counter": float(self.step_counter.to_numpy().reshape(-1)[0])}
+        if self.skipped_steps is not None:
+            out["skipped_steps"] = int(self.skipped_steps.to_numpy())
         for st in self._states.values():
-            for s, t in st.tensors.items():
-                out[f"{st.name}/{s}"] = t.clone()
-        for k, v in self._pending.items():
-            out.setdefault(k, tensor.from_numpy(v))
+            for group, t in st.tensors.items():
+                out.setdefault(group, {})[st.name] = t.clone()
+        for (group, name), v in self._pending.items():
+            out.setdefault(group, {}).setdefault(name, Tensor(data=v, device=self.step_counter.device))
         return out
 
     def set_states(self, states: Mapping[str, Any]) -> None:
-        """Restore what get_states() returned. States of parameters not updated yet are applied at their first
-        update (a fresh optimizer can be loaded before training resumes). Existing tensors are written in place."""
-        by_name = {st.name: st for st in self._states.values()}
-        plan: list[tuple[str, np.ndarray]] = []
-        bad: list[str] = []
-        step = skipped = None
-        for k, v in states.items():
-            if k == "step_counter":
-                step = int(np.asarray(v).reshape(()))
-                continue
-            if k == "skipped_steps":
-                skipped = int(np.asarray(v).reshape(()))
-                continue
-            name, sep, s = str(k).rpartition("/")
-            if not sep or (s not in self.state_names and s != "master"):
-                bad.append(str(k))
-                continue
-            arr = np.asarray(v)
-            st = by_name.get(name)
-            if st is not None and s in st.tensors and st.tensors[s].shape != arr.shape:
-                raise ValueError(f"{type(self).__name__}.set_states: {k!r} has shape {arr.shape} but parameter "
-                                 f"{name!r} has shape {st.param.shape}")
-            plan.append((str(k), arr))
+        """Restore what get_states() returned (values may be Tensors or numpy arrays). States of parameters not
+        updated yet are applied at their first update (a fresh optimizer can be loaded before training resumes).
+        Existing tensors are written in place; the scheduled values are recomputed from the restored counter."""
+        who = type(self).__name__
+        groups = set(self.state_groups) | {"master"}
+        bad = [str(k) for k in states if k not in groups and k not in ("step_counter", "skipped_steps")]
         if bad:
-            want = ", ".join(self.state_names) or "none"
-            raise KeyError(f"{type(self).__name__}.set_states: unknown state(s) {', '.join(map(repr, bad))}; "
-                           f"expected 'step_counter' and '<param>/<state>' with <state> one of: {want} (or "
-                           "'master', a float16 parameter's float32 copy)")
-        if step is not None:
-            if self.step_counter is not None:
-                self.step_counter.copy_from_numpy(np.array(step, np.int32))
-            else:
-                self._pending_step = step
-        if skipped is not None:
-            if self.skipped_steps is not None:
-                self.skipped_steps.copy_from_numpy(np.array(skipped, np.int32))
-            else:
-                self._pending_skipped = skipped
-        for k, arr in plan:
-            name, _, s = k.rpartition("/")
+            want = ", ".join(repr(g) for g in ("step_counter", *self.state_groups, "master", "skipped_steps"))
+            raise KeyError(f"{who}.set_states: unknown state key(s) {', '.join(map(repr, bad))}; expected {want}")
+        by_name = {st.name: st for st in self._states.values()}
+        plan: list[tuple[str, str, np.ndarray]] = []
+        for group in groups & set(states):
+            values = states[group]
+            if not isinstance(values, Mapping):
+                raise TypeError(f"{who}.set_states: {group!r} must be a dict {{parameter name: tensor}}, got "
+                                f"{type(values).__name__}")
+            for name, v in values.items():
+                arr = v.to_numpy() if isinstance(v, Tensor) else np.asarray(v)
+                st = by_name.get(name)
+                if st is not None and group in st.tensors and st.tensors[group].shape != arr.shape:
+                    raise ValueError(f"{who}.set_states: {group}[{name!r}] has shape {arr.shape} but parameter "
+                                     f"{name!r} has shape {st.param.shape}")
+                plan.append((group, str(name), arr))
+        if "step_counter" in states:
+            self.step_counter.copy_from_numpy(np.asarray(_host(states["step_counter"]), np.float32).reshape(1))
+        if "skipped_steps" in states and self.skipped_steps is not None:
+            self.skipped_steps.copy_from_numpy(np.asarray(_host(states["skipped_steps"])).astype(np.int32).reshape(()))
+        for group, name, arr in plan:
             st = by_name.get(name)
-            if st is None or s not in st.tensors:  # applied when that state is created
-                self._pending[k] = np.array(arr, copy=True)
+            if st is None or group not in st.tensors:  # applied when that state is created
+                self._pending[(group, name)] = np.array(arr, copy=True)
             else:
-                st.tensors[s].copy_from_numpy(arr)
+                st.tensors[group].copy_from_numpy(arr)
+        self._refresh_values(constants=True)
         self._scalars.clear()
 
     # -- helpers for subclasses ----------------------------------------------------------------------------------------
     def _check(self, name: Any, p: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         who = type(self).__name__
         if not isinstance(p, Tensor) or not isinstance(g, Tensor):
+            hint = ""
+            if p is None or g is None:
+                hint = (" (a layer creates its parameters at its first call: run the model once, or compile it, "
+                        "before updating, and pass the gradients autograd.backward yields)")
             raise TypeError(f"{who}: parameter and gradient must be Tensors, got {type(p).__name__} and "
-                            f"{type(g).__name__}")
+                            f"{type(g).__name__} for parameter {name!r}{hint}")
         self.device_check(p, g)
         if p.shape != g.shape:
             raise ValueError(f"{who}: gradient of shape {g.shape} for parameter {name!r} of shape {p.shape}")
@@ -311,11 +421,24 @@ class Optimizer:
         if p.dtype not in _dt.FLOATS:
             raise TypeError(f"{who}: parameter {name!r} has dtype {_dt.name(p.dtype)}; only float tensors are trained")
         graph.set_phase("update")
-        self._counter(p.device)  # step() is then a device operation, replayed with the step
+        self._bind(p.device)
         return p, g
 
+    def _bind(self, dev: Device) -> None:
+        """At the first update, move the counter and the scheduled values to the parameters' device (in place)."""
+        if self._device is dev:
+            return
+        if self._device is not None:
+            raise ValueError(f"{type(self).__name__}: parameters on {self._device.name} and {dev.name}; one optimizer "
+                             "updates the parameters of one device")
+        with graph.no_record():  # set-up: runs once, never replayed
+            for t in (self.step_counter, self.skipped_steps, *(getattr(self, v) for _, v in self._values)):
+                if t is not None and t.device is not dev:
+                    t.to_device(dev)
+        self._device = dev
+
     def _param_state(self, p: Tensor, name: Any) -> _ParamState:
-        """The state record of parameter `p` (created empty, with its checkpoint label, at its first update)."""
+        """The state record of parameter `p` (created empty, with its label, at its first update)."""
         st = self._states.get(id(p))
         if st is not None and st.param is p:
             return st
@@ -324,21 +447,21 @@ class Optimizer:
         self._names.add(label)
         return st
 
-    def _new_state_tensor(self, st: _ParamState, s: str, dtype: int, init: Tensor | None = None) -> Tensor:
-        """State `s` of `st.param`, of its shape, on its device, in `dtype`: the value given to set_states, else
+    def _new_state_tensor(self, st: _ParamState, group: str, dtype: int, init: Tensor | None = None) -> Tensor:
+        """State `group` of `st.param`, of its shape, on its device, in `dtype`: the value given to set_states, else
         `init` cast to dtype, else zeros."""
         p = st.param
         with graph.no_record():  # set-up: runs once, never replayed
             t = Tensor(p.shape, p.device, dtype, requires_grad=False)
-            pending = self._pending.pop(f"{st.name}/{s}", None)
+            pending = self._pending.pop((group, st.name), None)
             if pending is not None:
                 if pending.shape != p.shape:
-                    raise ValueError(f"{type(self).__name__}: loaded state {st.name}/{s} has shape {pending.shape}, "
-                                     f"the parameter has shape {p.shape}")
+                    raise ValueError(f"{type(self).__name__}: loaded state {group}[{st.name!r}] has shape "
+                                     f"{pending.shape}, the parameter has shape {p.shape}")
                 t.copy_from_numpy(pending)
             elif init is not None:
                 ops.cast(init, dtype, out=t)
-        st.tensors[s] = t
+        st.tensors[group] = t
         return t
 
     def _state(self, p: Tensor, name: Any, like: Tensor | None = None) -> dict[str, Tensor]:
@@ -381,7 +504,7 @@ class Optimizer:
                 st.tensors.pop("master", None)  # p is no longer trained through a master
             if self._pending:  # a float16 checkpoint's master, loaded for what is now a float32 parameter
                 label = st.name if st is not None and st.param is p else (name if isinstance(name, str) else p.name)
-                self._pending.pop(f"{label}/master", None)
+                self._pending.pop(("master", label), None)
             w = p
         g = g if gu is None else gu
         if g.dtype != w.dtype:
@@ -409,21 +532,8 @@ class Optimizer:
             k += 1
         return label
 
-    def _counter(self, dev: Device) -> Tensor:
-        if self.step_counter is None:
-            with graph.no_record():
-                self.step_counter = Tensor((), dev, _dt.int32, requires_grad=False)
-                self._one = ops.full((), 1, _dt.int32, dev)
-                self.skipped_steps = ops.full((), self._pending_skipped, _dt.int32, dev)
-                if self._pending_step:
-                    self.step_counter.copy_from_numpy(np.array(self._pending_step, np.int32))
-        elif self.step_counter.device is not dev:
-            raise ValueError(f"{type(self).__name__}: parameters on {self.step_counter.device.name} and {dev.name}; "
-                             "one optimizer updates the parameters of one device")
-        return self.step_counter
-
     def _cached(self, key: str, p: Tensor, make: Any) -> Any:
-        """A per-step scalar: `make(dev)` returns a float or a float32 0-d tensor; cached per dtype until step()."""
+        """A per-step scalar: `make(dev)` returns a float or a float 0-d tensor; cached per dtype until step()."""
         k = (key, p.dtype)
         v = self._scalars.get(k)
         if v is None:
@@ -436,18 +546,21 @@ class Optimizer:
             self._scalars[k] = v
         return v
 
+    def _hyper(self, sched: str, p: Tensor) -> Any:
+        """A hyper-parameter now, in the rule's dtype: a float for a Constant, else its scheduled device value."""
+        s = getattr(self, sched)
+        if type(s) is Constant:
+            return s.init_value
+        value = dict(self._values)[sched]
+        return self._cached(sched, p, lambda dev: ops.reshape(getattr(self, value), ()))
+
     def _step_f(self, dev: Device) -> Tensor:
-        """The number of completed steps as a float 0-d tensor."""
+        """The number of completed steps as a 0-d float tensor in the optimizer's dtype."""
         v = self._scalars.get(("step", None))
         if v is None:
-            v = self._scalars[("step", None)] = ops.cast(self._counter(dev), self.dtype)
+            s = ops.reshape(self.step_counter, ())
+            v = self._scalars[("step", None)] = s if self.dtype == s.dtype else ops.cast(s, self.dtype)
         return v
-
-    def _lr(self, p: Tensor) -> Any:
-        """The learning rate now: a float for a constant rate, else a device scalar from the schedule."""
-        if type(self.lr) is Constant:
-            return self.lr.init_value
-        return self._cached("lr", p, lambda dev: self.lr(self._step_f(dev)))
 
     @staticmethod
     def _descend(w: Tensor, step: Tensor, lr: Any) -> None:
@@ -457,11 +570,18 @@ class Optimizer:
         else:
             ops.sub(w, ops.mul(step, lr), out=w)
 
-    def _decayed(self, p: Tensor, g: Tensor, weight_decay: float) -> Tensor:
-        return ops.axpby(1.0, g, weight_decay, p) if weight_decay else g
+    def _decayed(self, p: Tensor, g: Tensor) -> Tensor:
+        """g + weight_decay * p (SINGA skips the term when the schedule starts at 0)."""
+        if self.weight_decay.init_value == 0:
+            return g
+        return _combine(1.0, g, self._hyper("weight_decay", p), p)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lr={self.lr.init_value if type(self.lr) is Constant else self.lr!r})"
+
+
+def _host(v: Any) -> Any:
+    return v.to_numpy() if isinstance(v, Tensor) else v
 
 
 class SGD(Optimizer):
@@ -473,57 +593,78 @@ class SGD(Optimizer):
         p = p - lr * g
     """
 
-    def __init__(self, lr: float | DecayScheduler = 0.1, momentum: float = 0, dampening: float = 0,
-                 weight_decay: float = 0, nesterov: bool = False, dtype: int = tensor.float32, *,
-                 loss_scale: float | None = None, master_weights: bool = True):
+    state_groups = ("moments",)
+    _values = (("lr", "lr_value"), ("momentum", "mom_value"), ("dampening", "dam_value"),
+               ("weight_decay", "decay_value"))
+
+    def __init__(self, lr: float | DecayScheduler = 0.1, momentum: float | DecayScheduler = 0,
+                 dampening: float | DecayScheduler = 0, weight_decay: float | DecayScheduler = 0,
+                 nesterov: bool = False, dtype: int = tensor.float32, *, loss_scale: float | None = None,
+                 master_weights: bool = True):
         super().__init__(lr, dtype, loss_scale=loss_scale, master_weights=master_weights)
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {momentum} and {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
-        self.momentum = float(momentum)
-        self.dampening = float(dampening)
-        self.weight_decay = float(weight_decay)
+        self.momentum = _scheduler("SGD", "momentum", momentum)
+        self.dampening = _scheduler("SGD", "dampening", dampening)
+        self.weight_decay = _scheduler("SGD", "weight_decay", weight_decay)
+        if self.momentum.init_value < 0 or self.weight_decay.init_value < 0:
+            raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {self.momentum.init_value} and "
+                             f"{self.weight_decay.init_value}")
         self.nesterov = bool(nesterov)
-        self.state_names = ("momentum",) if self.momentum else ()
+        if self.nesterov and (self.momentum.init_value <= 0 or self.dampening.init_value != 0):
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
+        self._init_values()
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return self.state_groups if self.momentum.init_value != 0 else ()
+
+    @property
+    def moments(self) -> _StateView:
+        """{parameter name: momentum buffer}."""
+        return _StateView(self, "moments")
+
+    @moments.setter
+    def moments(self, values: Mapping[str, Any]) -> None:
+        self.set_states({"moments": values})
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
-        lr = self._lr(w)
-        g = self._decayed(w, g, self.weight_decay)
-        if self.momentum:
-            buf = st["momentum"]
-            if self.dampening:  # the factor changes after the first step: a device scalar, not a parameter
-                ops.mul(buf, self.momentum, out=buf)
-                ops.add(buf, ops.mul(g, self._cached("damp", w, self._damp)), out=buf)
-            else:
-                ops.axpby(self.momentum, buf, 1.0, g, out=buf)
-            g = ops.axpby(1.0, g, self.momentum, buf) if self.nesterov else buf
+        lr = self._hyper("lr", w)
+        g = self._decayed(w, g)
+        if self.state_names:
+            buf = st["moments"]
+            mom = self._hyper("momentum", w)
+            if type(self.dampening) is Constant and self.dampening.init_value == 0:
+                _combine(mom, buf, 1.0, g, out=buf)
+            else:  # the factor changes after the first step: a device scalar, not a parameter
+                ops.add(_times(buf, mom), ops.mul(g, self._cached("damp", w, self._damp)), out=buf)
+            g = _combine(1.0, g, mom, buf) if self.nesterov else buf
         self._descend(w, g, lr)
         self._end(p, w, saved)
 
     def _damp(self, dev: Device) -> Tensor:
         # 1 at the first step (the buffer starts as the gradient itself), 1 - dampening afterwards
         first_done = ops.clip(self._step_f(dev), 0.0, 1.0)
-        return ops.add(ops.mul(first_done, -self.dampening), 1.0)
+        d = self.dampening.init_value if type(self.dampening) is Constant else \
+            ops.cast(ops.reshape(self.dam_value, ()), first_done.dtype)
+        return ops.sub(1.0, ops.mul(first_done, d))
 
 
 class _SquareScaled(Optimizer):
     """The rule RMSProp and AdaGrad share: a state accumulates g^2 (`_accumulate`, in place), then
     p -= lr * g / (sqrt(state) + epsilon)."""
 
-    def _accumulate(self, acc: Tensor, g: Tensor) -> None:
+    def _accumulate(self, acc: Tensor, g: Tensor, w: Tensor) -> None:
         raise NotImplementedError
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
-        lr = self._lr(w)
-        g = self._decayed(w, g, self.weight_decay)
+        lr = self._hyper("lr", w)
+        g = self._decayed(w, g)
         acc = st[self.state_names[0]]
-        self._accumulate(acc, g)
-        denom = ops.add(ops.sqrt(acc), self.epsilon)
+        self._accumulate(acc, g, w)
+        denom = ops.add(ops.sqrt(acc), self._hyper("epsilon", w))
         self._descend(w, ops.div(g, denom), lr)
         self._end(p, w, saved)
 
@@ -531,33 +672,59 @@ class _SquareScaled(Optimizer):
 class RMSProp(_SquareScaled):
     """RMSProp (PyTorch's, not centred): sq = rho * sq + (1 - rho) * g^2;  p -= lr * g / (sqrt(sq) + epsilon)."""
 
-    state_names = ("square_avg",)
+    state_groups = ("running_average",)
+    _values = (("lr", "lr_value"), ("rho", "rho_value"), ("epsilon", "epsilon_value"),
+               ("weight_decay", "decay_value"))
 
-    def __init__(self, lr: float | DecayScheduler = 0.1, rho: float = 0.9, epsilon: float = 1e-08,
-                 weight_decay: float = 0, *, loss_scale: float | None = None, master_weights: bool = True):
+    def __init__(self, lr: float | DecayScheduler = 0.1, rho: float | DecayScheduler = 0.9,
+                 epsilon: float | DecayScheduler = 1e-08, weight_decay: float | DecayScheduler = 0, *,
+                 loss_scale: float | None = None, master_weights: bool = True):
         super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
-        if not 0.0 <= rho < 1.0:
-            raise ValueError(f"RMSProp: rho must be in [0, 1), got {rho}")
-        self.rho = float(rho)
-        self.epsilon = float(epsilon)
-        self.weight_decay = float(weight_decay)
+        self.rho = _scheduler("RMSProp", "rho", rho)
+        self.epsilon = _scheduler("RMSProp", "epsilon", epsilon)
+        self.weight_decay = _scheduler("RMSProp", "weight_decay", weight_decay)
+        if not 0.0 <= self.rho.init_value < 1.0:
+            raise ValueError(f"RMSProp: rho must be in [0, 1), got {self.rho.init_value}")
+        self._init_values()
 
-    def _accumulate(self, sq: Tensor, g: Tensor) -> None:
-        ops.axpby(self.rho, sq, 1.0 - self.rho, ops.square(g), out=sq)
+    @property
+    def running_average(self) -> _StateView:
+        """{parameter name: running average of g^2}."""
+        return _StateView(self, "running_average")
+
+    @running_average.setter
+    def running_average(self, values: Mapping[str, Any]) -> None:
+        self.set_states({"running_average": values})
+
+    def _accumulate(self, sq: Tensor, g: Tensor, w: Tensor) -> None:
+        rho = self._hyper("rho", w)
+        _combine(rho, sq, _one_minus(rho), ops.square(g), out=sq)
 
 
 class AdaGrad(_SquareScaled):
     """AdaGrad (PyTorch's, no lr decay): acc += g^2;  p -= lr * g / (sqrt(acc) + epsilon)."""
 
-    state_names = ("sum",)
+    state_groups = ("history",)
+    _values = (("lr", "lr_value"), ("epsilon", "epsilon_value"), ("weight_decay", "decay_value"))
 
-    def __init__(self, lr: float | DecayScheduler = 0.1, epsilon: float = 1e-08, weight_decay: float = 0, *,
-                 loss_scale: float | None = None, master_weights: bool = True):
+    def __init__(self, lr: float | DecayScheduler = 0.1, epsilon: float | DecayScheduler = 1e-08,
+                 weight_decay: float | DecayScheduler = 0, *, loss_scale: float | None = None,
+                 master_weights: bool = True):
         super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
-        self.epsilon = float(epsilon)
-        self.weight_decay = float(weight_decay)
+        self.epsilon = _scheduler("AdaGrad", "epsilon", epsilon)
+        self.weight_decay = _scheduler("AdaGrad", "weight_decay", weight_decay)
+        self._init_values()
 
-    def _accumulate(self, acc: Tensor, g: Tensor) -> None:
+    @property
+    def history(self) -> _StateView:
+        """{parameter name: sum of g^2}."""
+        return _StateView(self, "history")
+
+    @history.setter
+    def history(self, values: Mapping[str, Any]) -> None:
+        self.set_states({"history": values})
+
+    def _accumulate(self, acc: Tensor, g: Tensor, w: Tensor) -> None:
         ops.add(acc, ops.square(g), out=acc)
 
 
@@ -568,28 +735,52 @@ class Adam(Optimizer):
         p -= lr / (1 - beta_1^t) * m / (sqrt(v) / sqrt(1 - beta_2^t) + epsilon)
     """
 
-    state_names = ("m", "v")
+    state_groups = ("m", "v")
+    _values = (("lr", "lr_value"), ("beta_1", "beta_1_value"), ("beta_2", "beta_2_value"),
+               ("epsilon", "epsilon_value"), ("weight_decay", "decay_value"))
 
-    def __init__(self, lr: float | DecayScheduler = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-08, weight_decay: float = 0, *, loss_scale: float | None = None,
+    def __init__(self, lr: float | DecayScheduler = 0.1, beta_1: float | DecayScheduler = 0.9,
+                 beta_2: float | DecayScheduler = 0.999, epsilon: float | DecayScheduler = 1e-08,
+                 weight_decay: float | DecayScheduler = 0, *, loss_scale: float | None = None,
                  master_weights: bool = True):
         super().__init__(lr, loss_scale=loss_scale, master_weights=master_weights)
-        for what, b in (("beta_1", beta_1), ("beta_2", beta_2)):
+        self.beta_1 = _scheduler("Adam", "beta_1", beta_1)
+        self.beta_2 = _scheduler("Adam", "beta_2", beta_2)
+        self.epsilon = _scheduler("Adam", "epsilon", epsilon)
+        self.weight_decay = _scheduler("Adam", "weight_decay", weight_decay)
+        for what in ("beta_1", "beta_2"):
+            b = getattr(self, what).init_value
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Adam: {what} must be in [0, 1), got {b}")
-        self.beta_1 = float(beta_1)
-        self.beta_2 = float(beta_2)
-        self.epsilon = float(epsilon)
-        self.weight_decay = float(weight_decay)
+        self._init_values()
+
+    @property
+    def m(self) -> _StateView:
+        """{parameter name: first moment}."""
+        return _StateView(self, "m")
+
+    @m.setter
+    def m(self, values: Mapping[str, Any]) -> None:
+        self.set_states({"m": values})
+
+    @property
+    def v(self) -> _StateView:
+        """{parameter name: second moment}."""
+        return _StateView(self, "v")
+
+    @v.setter
+    def v(self, values: Mapping[str, Any]) -> None:
+        self.set_states({"v": values})
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
-        g = self._decayed(w, g, self.weight_decay)
+        g = self._decayed(w, g)
         m, v = st["m"], st["v"]
-        ops.axpby(self.beta_1, m, 1.0 - self.beta_1, g, out=m)
-        ops.axpby(self.beta_2, v, 1.0 - self.beta_2, ops.square(g), out=v)
-        denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", w, self._bc2_sqrt)), self.epsilon)
+        b1, b2 = self._hyper("beta_1", w), self._hyper("beta_2", w)
+        _combine(b1, m, _one_minus(b1), g, out=m)
+        _combine(b2, v, _one_minus(b2), ops.square(g), out=v)
+        denom = ops.add(ops.div(ops.sqrt(v), self._cached("bc2", w, self._bc2_sqrt)), self._hyper("epsilon", w))
         self._descend(w, ops.div(m, denom), self._cached("step_size", w, self._step_size))
         self._end(p, w, saved)
 
@@ -599,10 +790,23 @@ class Adam(Optimizer):
             t = self._scalars[("t", None)] = ops.add(self._step_f(dev), 1.0)
         return t
 
+    def _beta_pow(self, which: str, dev: Device) -> Tensor:
+        """beta ** t on the device."""
+        t = self._t(dev)
+        s = getattr(self, which)
+        if type(s) is Constant:
+            return ops.unary("rpow_scalar", t, alpha=s.init_value)
+        return ops.pow(ops.cast(ops.reshape(getattr(self, which + "_value"), ()), t.dtype), t)
+
     def _bc2_sqrt(self, dev: Device) -> Tensor:
-        return ops.sqrt(ops.unary("rsub_scalar", ops.unary("rpow_scalar", self._t(dev), alpha=self.beta_2), alpha=1.0))
+        return ops.sqrt(ops.sub(1.0, self._beta_pow("beta_2", dev)))
 
     def _step_size(self, dev: Device) -> Tensor:
-        bc1 = ops.unary("rsub_scalar", ops.unary("rpow_scalar", self._t(dev), alpha=self.beta_1), alpha=1.0)
-        lr = self.lr.init_value if type(self.lr) is Constant else self.lr(self._step_f(dev))
+        bc1 = ops.sub(1.0, self._beta_pow("beta_1", dev))
+        t = self._t(dev)
+        lr = self.lr.init_value if type(self.lr) is Constant else ops.cast(ops.reshape(self.lr_value, ()), t.dtype)
         return ops.div(lr, bc1)
+
+
+# data-parallel training (singa.distopt): imported last, it builds on the optimizers above
+from singa.distopt import DistOpt  # noqa: E402

@@ -99,7 +99,7 @@ SPECIAL = [
       "nn"),
     P("softmax_cross_entropy", ("loss",), ("x", "target"), (),
       "Per-row loss of softmax(x) for x (N, C): target int32/int64 labels (N,) or x-dtype distributions (N, C). "
-      "loss is (N,).", "loss"),
+      "loss is (N,). Labels are in [0, C): the core checks them (ops.check_labels) before any call.", "loss"),
     P("softmax_cross_entropy_backward", ("dx",), ("dloss", "x", "target"), (),
       "dx = (softmax(x) * sum(t, 1) - t) * dloss[:, None] with t = onehot(target) or the target rows (the exact "
       "gradient, also for rows that do not sum to 1); dloss is (N,).", "loss"),

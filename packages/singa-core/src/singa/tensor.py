@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -76,9 +77,9 @@ def _as_shape(shape: Any) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
-        out = tuple(int(d) for d in shape)
+        out = tuple(operator.index(d) for d in shape)  # 2.5 is refused, not truncated (as numpy does)
     except TypeError:
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+        raise TypeError(f"shape must be a sequence of integers, got {shape!r}") from None
     if any(d < 0 for d in out):
         raise ValueError(f"negative dimension in shape {out}")
     return out
@@ -144,7 +145,7 @@ class Tensor:
             shp = _as_shape(shape if shape is not None else ())
             code = _as_dtype(dtype)
         strides, n = _ops._meta(shp)
-        self.buffer = dev.alloc(n * _dt.itemsize(code))
+        self.buffer = _ops.alloc_for("Tensor", shp, code, dev)
         self.dtype = code
         self.shape = shp
         self.strides = strides
@@ -162,8 +163,18 @@ class Tensor:
     # -- properties in SINGA's (method) spelling ---------------------------------------------------------------------
     @property
     def data(self) -> Tensor:
-        """SINGA's raw tensor handle (a CTensor there); here a Tensor is its own raw tensor."""
+        """SINGA's raw tensor handle (a CTensor there); here a Tensor is its own raw tensor. Assigning another
+        tensor makes this one share its memory, shape and dtype (SINGA replaces the raw tensor); `W.data += d.data`
+        adds in place."""
         return self
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if value is self:
+            return  # `t.data += x` (the in-place operator already wrote into t)
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Tensor.data: expected a Tensor (SINGA's raw tensor), got {type(value).__name__}")
+        self._adopt(value)
 
     def is_dummy(self) -> builtins.bool:
         """True for a tensor that no operator produced (no creator, or autograd's Dummy placeholder)."""
@@ -274,14 +285,28 @@ class Tensor:
 
     # -- writing data ------------------------------------------------------------------------------------------------
     def set_value(self, x: Any, inplace: builtins.bool = True) -> Tensor:
-        """Set every element to x (in place unless inplace=False, which returns a new tensor)."""
+        """Set every element to x (in place unless inplace=False, which returns a new tensor). x is a number, or an
+        array / Tensor whose shape broadcasts to this tensor's (numpy's rule; anything else is an error)."""
         t = self if inplace else _ops.empty(self.shape, self.dtype, self.device)
-        _ops.fill(t, x)
+        if isinstance(x, (np.ndarray, list, tuple, Tensor)):
+            shape = tuple(x.shape if isinstance(x, Tensor) else np.shape(x))
+            try:
+                fits = np.broadcast_shapes(shape, self.shape) == self.shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ValueError(f"set_value: values of shape {shape} do not broadcast to the tensor's shape "
+                                 f"{self.shape}")
+            _ops.assign(t, x)
+        else:
+            _ops.fill(t, x)
         return t
 
     def copy_from_numpy(self, np_array: Any, offset: int = 0) -> Tensor:
-        """Copy host data into this tensor's elements, starting at element `offset` (row-major order)."""
+        """Copy host data into this tensor's elements (row-major order): as many values as the tensor holds, or,
+        from element `offset` > 0 on, any number that fits (a short batch never leaves stale rows behind)."""
         arr = np.asarray(np_array)
+        offset = _copy_offset("copy_from_numpy", offset, arr.size, self)
         npdt = _dt.to_numpy_dtype(self.dtype)
         if np.can_cast(arr.dtype, npdt, "same_kind") or (
                 arr.dtype.kind == "f" and npdt.kind in "ib" and np.all(np.trunc(arr) == arr)):
@@ -290,10 +315,6 @@ class Tensor:
         else:
             raise TypeError(f"copy_from_numpy: cannot copy {arr.dtype} data into a {_dt.name(self.dtype)} tensor "
                             "without losing values (convert the array or the tensor first)")
-        n = self.size()
-        if offset < 0 or offset + flat.size > n:
-            raise ValueError(f"copy_from_numpy: {flat.size} elements at offset {offset} do not fit in a tensor of "
-                             f"shape {self.shape} ({n} elements)")
         if flat.size == 0:
             return self
         dev = self.device
@@ -316,9 +337,9 @@ class Tensor:
         return self
 
     def copy_from(self, t: Tensor | np.ndarray, offset: int = 0) -> Tensor:
-        """Copy from a Tensor or a numpy array into this tensor, starting at element `offset`."""
+        """Copy from a Tensor or a numpy array into this tensor: all its elements, or from element `offset` > 0 on."""
         if isinstance(t, Tensor):
-            copy_data_to_from(self, t, t.size(), offset, 0)
+            copy_data_to_from(self, t, t.size(), _copy_offset("copy_from", offset, t.size(), self), 0)
         elif isinstance(t, np.ndarray):
             self.copy_from_numpy(t, offset)
         else:
@@ -428,9 +449,9 @@ class Tensor:
             yield _ops.getitem(self, i)
 
     def __bool__(self) -> builtins.bool:
-        if self.size() != 1:
-            raise ValueError(f"the truth value of a tensor with {self.size()} elements is ambiguous")
-        return builtins.bool(self.item())
+        """Always True, as in SINGA, whose tensors have no truth value of their own: `if t:` tests that t exists.
+        Compare values explicitly (`float(t) > 0`, `t.item()`)."""
+        return True
 
     def __float__(self) -> float:
         return float(self.item())
@@ -440,9 +461,19 @@ class Tensor:
 
     # -- indexing ----------------------------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Tensor:
-        return _ops.getitem(self, key)
+        """numpy's basic indexing, except that an int keeps its axis with size 1, as SINGA's (`t[0]` of a (3, 4)
+        tensor is (1, 4)); an index out of range is an IndexError (also a ValueError, as SINGA raises)."""
+        return _ops.getitem(self, _keep_int_axes(key, self.shape))
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Write value (broadcast) into the elements `key` selects. numpy's rule, except that a value with more axes
+        than numpy's selection fills the selection as reading sees it (ints keeping size-1 axes): `t[0] += 1` and
+        `t[0] = t[1]` work both ways."""
+        kept = _keep_int_axes(key, self.shape)
+        if kept is not key:
+            ndim = len(value.shape) if isinstance(value, Tensor) else np.ndim(value)
+            if ndim > len(_ops.getitem(self, key).shape):
+                key = kept
         _ops.setitem(self, key, value)
 
     # -- arithmetic operators (element-wise, numpy broadcasting) -------------------------------------------------------
@@ -527,9 +558,59 @@ class Tensor:
 PlaceHolder = Tensor
 
 
+def _copy_offset(op: str, offset: Any, count: int, dst: Tensor) -> int:
+    """The checked element offset of a copy of `count` values into dst: from 0 they must fill dst exactly, from a
+    positive offset they must fit."""
+    try:
+        offset = operator.index(offset)
+    except TypeError:
+        raise TypeError(f"{op}: offset must be an integer, got {offset!r}") from None
+    n = dst.size()
+    if offset == 0 and count != n:
+        raise ValueError(f"{op}: {count} values for a tensor of shape {dst.shape} ({n} elements); the sizes must "
+                         "match (pass offset= to write part of the tensor)")
+    if offset < 0 or offset + count > n:
+        raise ValueError(f"{op}: {count} values at offset {offset} do not fit in a tensor of shape {dst.shape} "
+                         f"({n} elements)")
+    return offset
+
+
 def _rebuild(arr, dtype, device_name, requires_grad, stores_grad, name):
     return Tensor(device=device_name, dtype=dtype, data=arr, requires_grad=requires_grad, stores_grad=stores_grad,
                   name=name)
+
+
+class IndexOutOfRange(IndexError, ValueError):
+    """An index outside its axis: an IndexError, and a ValueError as SINGA's tensors raise."""
+
+
+def _is_int(k: Any) -> builtins.bool:
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (builtins.bool, np.bool_))
+
+
+def _keep_int_axes(key: Any, shape: tuple) -> Any:
+    """The key with each int i replaced by the slice i:i+1 of its axis (after checking it), so its axis stays."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if not any(_is_int(k) for k in keys):
+        return key
+    consumed = builtins.sum(1 for k in keys if k is not None and k is not Ellipsis)
+    out, axis = [], 0
+    for k in keys:
+        if k is Ellipsis:
+            axis += builtins.max(len(shape) - consumed, 0)
+        elif _is_int(k):
+            if axis >= len(shape):
+                raise IndexOutOfRange(f"too many indices for a tensor of shape {shape}")
+            n, i = shape[axis], int(k)
+            if not -n <= i < n:
+                raise IndexOutOfRange(f"index {i} is out of bounds for axis {axis} with size {n} (shape {shape})")
+            i %= n
+            k = builtins.slice(i, i + 1)
+            axis += 1
+        elif k is not None:
+            axis += 1
+        out.append(k)
+    return tuple(out)
 
 
 def _as_f32(t: Tensor) -> Tensor:
@@ -541,8 +622,12 @@ def _host_device() -> Device:
 
 
 def _compare(name: str, a: Any, b: Any) -> Tensor:
+    """A comparison as SINGA gives it: 0/1 in the operands' dtype (the promoted one for two tensors of different
+    kinds), bool for bool operands."""
     r = _ops.binary(name, a, b)
     like = a if isinstance(a, Tensor) else b
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and _ops._kind(b.dtype) > _ops._kind(a.dtype):
+        like = b
     return r if like.dtype == _dt.bool_ else _ops.cast(r, like.dtype)
 
 
@@ -599,8 +684,17 @@ def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0, 
 
 
 def from_numpy(np_array: Any, dev: Device | None = None) -> Tensor:
-    """A tensor with the array's shape, values and dtype (float64 becomes float32) on `dev` (default device)."""
-    return Tensor(device=dev, data=np_array)
+    """A tensor with the array's shape and values on `dev` (default device). As in SINGA, float64 becomes float32 and
+    int64 (numpy's default integer; other integer types too) becomes int32; values beyond int32 raise. Keep int64
+    with an explicit dtype: `Tensor(data=a, dtype=tensor.int64)`."""
+    arr = np.asarray(np_array)
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+        if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"from_numpy: {arr.dtype} values in [{arr.min()}, {arr.max()}] do not fit int32 (SINGA's "
+                             "integer type, to which from_numpy converts); keep them with "
+                             "Tensor(data=array, dtype=tensor.int64)")
+        arr = arr.astype(np.int32)
+    return Tensor(device=dev, data=arr)
 
 
 def to_host(t: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ as a list; `SONNXModel(onnx_model)` is a `singa.model.Model` (inference, re-trai
 from __future__ import annotations
 
 from singa_onnx.backend import SingaBackend, prepare, resolve_device, run_model, run_node, supports_device
-from singa_onnx.errors import InvalidModelError, NodeError, SONNXError, UnsupportedOperatorError
+from singa_onnx.errors import InvalidInputError, InvalidModelError, NodeError, SONNXError, UnsupportedOperatorError
 from singa_onnx.model import SONNXModel
 from singa_onnx.onnx_types import onnx_type_to_singa_type
 from singa_onnx.rep import SingaRep
@@ -30,7 +30,7 @@ __version__ = _version()
 __all__ = [
     "SingaBackend", "SingaRep", "SONNXModel", "prepare", "run_model", "run_node", "supports_device",
     "resolve_device", "onnx_type_to_singa_type", "OnnxNode", "OnnxAttributes", "SONNXError", "InvalidModelError",
-    "UnsupportedOperatorError", "NodeError", "__version__",
+    "InvalidInputError", "UnsupportedOperatorError", "NodeError", "__version__",
 ]
 
 # Export lives in frontend.py, written alongside this package. Import keeps working without it (or if it fails to

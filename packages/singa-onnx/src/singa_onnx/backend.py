@@ -95,13 +95,14 @@ class SingaBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        """'CPU' needs the CPU backend, 'CUDA' a CUDA backend; any other installed singa backend name works too."""
+        """'CPU' needs the CPU backend, 'CUDA' a CUDA backend with a device; any other installed singa backend name
+        with a device works too."""
         name = str(device).strip().lower().partition(":")[0]
         try:
-            backends = plugins.registry().backends
+            backend = plugins.registry().backends.get(name)
+            return backend is not None and backend.device_count() > 0
         except Exception:  # noqa: BLE001 - a broken plugin set means no device is usable
             return False
-        return name in backends
 
 
 prepare = SingaBackend.prepare

@@ -11,6 +11,11 @@ class InvalidModelError(SONNXError, ValueError):
     """The model is malformed: onnx.checker's message, or a file/external-data problem."""
 
 
+class InvalidInputError(SONNXError, ValueError):
+    """An input given to `run` that the model cannot take: unknown name, wrong count, a dtype of another kind than the
+    declared one, or a shape that breaks the declared static or symbolic dimensions."""
+
+
 class UnsupportedOperatorError(SONNXError, NotImplementedError):
     """Operators (or their opsets / types) that this importer cannot run; all of them, found at prepare time.
 

@@ -1,15 +1,19 @@
 """Export: a recorded SINGA autograd graph as an ONNX model (`to_onnx`, SINGA's `SingaFrontend`).
 
-While `autograd.training` is True every Operator call records where its inputs came from (`op.src`: the creator of each
-input, a `Dummy` for a leaf) and marks its outputs with `creator = op`. The exporter walks from the outputs' creators
-back to the given inputs, orders the operators so that each comes after its producers (post-order, as SINGA does), and
-translates each one into one or more ONNX nodes. Operators keep their constructor arguments (stride, axis, running
-statistics ...) and the shapes and dtypes they saw after backward has run, so a graph can be exported after training
-steps too.
+Every Operator call records where its inputs came from (`op.src`: the creator of each input, a `Dummy` for a leaf) and
+marks its outputs with `creator = op`, whatever `autograd.training` says (the flag only decides what is kept for
+backward), so a forward pass run after `model.eval()` exports as well as one run while training. The exporter walks
+from the outputs' creators back to the given inputs, orders the operators so that each comes after its producers
+(post-order, as SINGA does), and translates each one into one or more ONNX nodes. Operators keep their constructor
+arguments (stride, axis, running statistics ...) and the shapes and dtypes they saw after backward has run, so a graph
+can be exported after training steps too.
 
 What becomes what:
-- the given inputs are the graph inputs; when nothing in the graph fixes the batch size, their first dimension is the
-  symbolic `batch` (see `dynamic_batch`);
+- the given inputs are the graph inputs, in their order; when nothing in the graph fixes the batch size, their first
+  dimension is the symbolic `batch` (see `dynamic_batch`). As in SINGA, entries that are not Tensors (shape lists,
+  numbers) are ignored with a warning, and a given tensor that the graph does not use takes the place of the next
+  data leaf of the graph (a tensor that is neither a parameter nor a constant) that no given tensor names, in the
+  order the walk meets them; one left over after that is ignored with a warning;
 - leaves with `stores_grad` or `requires_grad` or a name (layer parameters), and BatchNorm's running statistics, are
   initializers named after the tensor (`conv1.W`), made unique; integer arguments that ONNX takes as inputs (Reshape's
   shape, Slice's starts, axes, pads ...) are int64 initializers too;
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -357,15 +362,24 @@ class _Exporter:
             self.static("operands of fixed size are aligned with the batch axis")
 
     # -- the export ----------------------------------------------------------------------------------------------------
-    def run(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], model_name: str) -> onnx.ModelProto:
-        inputs, outputs = self._check_args(inputs, outputs)
+    def _index_inputs(self, inputs: list[Tensor]) -> dict:
+        self.input_ids = {}
         input_keys = {}
         for i, t in enumerate(inputs):
             self.input_ids.setdefault(id(t), i)
             k = _key(t)
             if k is not None:
                 input_keys.setdefault(k, i)
+        return input_keys
+
+    def run(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], model_name: str) -> onnx.ModelProto:
+        inputs, outputs = self._check_args(inputs, outputs)
+        input_keys = self._index_inputs(inputs)
         ops = self._collect(outputs, input_keys)
+        matched = self._match_inputs(inputs, outputs, ops, input_keys)
+        if matched is not inputs:  # leaves bound by position, or unused entries dropped: the graph's cuts are leaves
+            inputs = matched
+            input_keys = self._index_inputs(inputs)
 
         missing = []
         for pos, op in enumerate(ops, 1):
@@ -428,10 +442,14 @@ class _Exporter:
     def _check_args(inputs: Any, outputs: Any) -> tuple[list, list]:
         inputs = _flatten(inputs) if inputs is not None else []
         outputs = _flatten(outputs)
-        for what, ts in (("inputs", inputs), ("outputs", outputs)):
-            for i, t in enumerate(ts):
-                if not isinstance(t, Tensor):
-                    raise TypeError(f"to_onnx: {what}[{i}] is a {type(t).__name__}, not a singa Tensor")
+        skipped = [f"inputs[{i}] ({type(t).__name__})" for i, t in enumerate(inputs) if not isinstance(t, Tensor)]
+        if skipped:  # SINGA scripts pass shapes or numbers there; SINGA ignores them
+            warnings.warn(f"to_onnx: {', '.join(skipped)} not a singa Tensor, ignored (the graph's inputs are the "
+                          "Tensors given)", UserWarning, stacklevel=4)
+            inputs = [t for t in inputs if isinstance(t, Tensor)]
+        for i, t in enumerate(outputs):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"to_onnx: outputs[{i}] is a {type(t).__name__}, not a singa Tensor")
         if not outputs:
             raise ValueError("to_onnx: no outputs given")
         ids = {id(t) for t in inputs}
@@ -441,12 +459,52 @@ class _Exporter:
             c = t.creator
             if c is None or (isinstance(c, autograd.Dummy) and not (t.stores_grad or t.requires_grad or t.name)):
                 raise ValueError(
-                    f"to_onnx: output {i} (shape {t.shape}) was not produced by recorded operators. Autograd records "
-                    "the graph only while autograd.training is True: run the forward pass that makes the outputs as "
-                    "`autograd.training = True; y = model.forward(x)` (or `model.train()` before `model.forward(x)`) "
-                    "and export then with to_onnx([x], [y]). In graph mode call model.forward directly: the outputs "
-                    "of a replayed train_one_batch carry no graph.")
+                    f"to_onnx: output {i} (shape {t.shape}) was not produced by autograd operators, so there is no "
+                    "graph to export: pass the outputs of the forward pass, `y = model.forward(x)` (in train or eval "
+                    "mode). In graph mode the outputs of a replayed train_one_batch carry no graph; call "
+                    "model.forward(x) to make them.")
         return inputs, outputs
+
+    def _match_inputs(self, inputs: list[Tensor], outputs: list[Tensor], ops: list, input_keys: dict) -> list:
+        """SINGA's binding of the given inputs: a given tensor that the graph does not use takes the place of the
+        next data leaf (not a parameter, not a constant, not given) in walk order; the rest are dropped with a
+        warning. Returns `inputs` itself when every given tensor is used."""
+        used: set = {_key(t) for t in outputs}
+        leaves: list[Tensor] = []
+        seen: set[int] = set()
+        for op in ops:
+            for i in range(len(op.src)):
+                k = _src_key(op, i)
+                used.add(k)
+                creator = k[0]
+                if not isinstance(creator, autograd.Dummy) or creator._kept is not None or k in input_keys:
+                    continue
+                t = creator.tensor
+                if t is not None and id(t) not in seen and not t.stores_grad and t.requires_grad:
+                    seen.add(id(t))
+                    leaves.append(t)
+            for t in _side_tensors(op):
+                used.add(_key(t))
+        unused = [i for i, t in enumerate(inputs) if _key(t) not in used and id(t) not in {id(o) for o in outputs}]
+        if not unused:
+            return inputs
+        out = list(inputs)
+        dropped = []
+        for i in unused:
+            if not leaves:
+                dropped.append(i)
+                continue
+            leaf, given = leaves.pop(0), inputs[i]
+            if leaf.shape != given.shape or leaf.dtype != given.dtype:
+                raise ValueError(f"to_onnx: inputs[{i}] ({_dt.name(given.dtype)} {given.shape}) is not in the graph, "
+                                 f"and the graph input it would stand for by position is a {_dt.name(leaf.dtype)} "
+                                 f"tensor of shape {leaf.shape}: pass the tensors the forward pass was run on")
+            out[i] = leaf
+        if dropped:
+            warnings.warn("to_onnx: " + ", ".join(f"inputs[{i}] (shape {inputs[i].shape})" for i in dropped)
+                          + " not used by the graph, ignored", UserWarning, stacklevel=4)
+            out = [t for i, t in enumerate(out) if i not in dropped]
+        return out
 
     def _collect(self, outputs: Sequence[Tensor], input_keys: dict) -> list:
         """The operators between the inputs and the outputs, each after all of its producers."""
@@ -490,7 +548,8 @@ class _Exporter:
 
     def _translate(self, op: Any, cls: str, out_names: dict) -> None:
         if "_src_meta" not in op.__dict__:
-            raise _Unsupported("it ran while autograd.training was False, so its inputs were not recorded")
+            raise _Unsupported("its inputs were not recorded (an Operator subclass whose __call__ bypasses "
+                               "Operator.__call__)")
         # outputs first: when an input cannot be read, the operators after this one still find its outputs' names
         Y = []
         ymeta = op.__dict__.get("_y_meta") or []
@@ -880,8 +939,8 @@ def _tile(ex, op, X, Y):
     nd = len(ex.shape[x])
     if len(reps) > nd:  # numpy.tile prepends axes; ONNX Tile wants one repeat per axis
         x = ex.node("Unsqueeze", [x, ex.ints(range(len(reps) - nd), "axes")])
-    else:
-        reps = [1] * (nd - len(reps)) + reps
+    else:  # fewer repeats than axes: they apply to the leading axes, as autograd.Tile (SINGA's) does
+        reps = reps + [1] * (nd - len(reps))
     ex.node("Tile", [x, ex.ints(reps, "repeats")], Y)
     if ex.bstate.get(X[0]) == "b":
         ex.bstate[Y[0]] = "b" if len(reps) == nd and reps[0] == 1 else "d"
@@ -1029,8 +1088,13 @@ def _as_loss(ex: _Exporter, v: str, out: str) -> None:
     ex.node("Reshape", [v, ex.ints([1], "loss_shape")], out)
 
 
+def _loss_target(op: Any, X: list[str]) -> Any:
+    """A loss's target: its second input (SINGA 3's `MeanSquareError()(x, t)`) or its constructor argument."""
+    return X[1] if len(X) > 1 else op.t
+
+
 def _target(ex: _Exporter, t: Any) -> tuple[str, tuple, int]:
-    name = ex.side(t, "target")
+    name = t if isinstance(t, str) else ex.side(t, "target")
     return name, tuple(ex.shape[name]), ex.dtype[name]
 
 
@@ -1053,7 +1117,7 @@ def _dense_target(ex: _Exporter, x: str, t: Any) -> str:
 def _softmax_cross_entropy(ex, op, X, Y):
     x = X[0]
     N, C = ex.shape[x]
-    t, ts, tcode = _target(ex, op.t)
+    t, ts, tcode = _target(ex, _loss_target(op, X))
     ex.same_batch([x, t])
     if ts == (N, C) and not (C == 1 and tcode in _INTS):  # probabilities (one-hot rows): -mean(sum(t * logsoftmax))
         prod = ex.node("Mul", [_cast_to(ex, t, ex.dtype[x]), ex.node("LogSoftmax", [x], axis=1)])
@@ -1070,7 +1134,7 @@ def _softmax_cross_entropy(ex, op, X, Y):
 @_handles("CrossEntropy")
 def _cross_entropy(ex, op, X, Y):
     x = X[0]
-    t = _dense_target(ex, x, op.t)
+    t = _dense_target(ex, x, _loss_target(op, X))
     prod = ex.node("Mul", [t, ex.node("Log", [x])])
     _as_loss(ex, ex.node("Neg", [_batch_mean_of_sums(ex, prod, len(ex.shape[x]))]), Y[0])
 
@@ -1078,7 +1142,7 @@ def _cross_entropy(ex, op, X, Y):
 @_handles("BinaryCrossEntropy")
 def _binary_cross_entropy(ex, op, X, Y):
     x = X[0]
-    t = _dense_target(ex, x, op.t)
+    t = _dense_target(ex, x, _loss_target(op, X))
     eps = float(op._EPS)
     pos = ex.node("Mul", [t, ex.node("Log", [ex.node("Add", [x, ex.scalar(eps, x, "eps")])])])
     one_minus_t = ex.node("Sub", [ex.scalar(1.0, x, "one"), t])
@@ -1090,7 +1154,7 @@ def _binary_cross_entropy(ex, op, X, Y):
 @_handles("MeanSquareError")
 def _mean_square_error(ex, op, X, Y):
     x = X[0]
-    err = ex.node("Sub", [x, _dense_target(ex, x, op.t)])
+    err = ex.node("Sub", [x, _dense_target(ex, x, _loss_target(op, X))])
     sq = ex.node("Mul", [err, err])
     _as_loss(ex, ex.node("Mul", [_batch_mean_of_sums(ex, sq, len(ex.shape[x])), ex.scalar(0.5, x, "half")]), Y[0])
 
@@ -1248,9 +1312,10 @@ def to_onnx(inputs: Sequence[Tensor] | Tensor, outputs: Sequence[Tensor] | Tenso
             opset_version: int | None = None, dynamic_batch: bool | None = None) -> onnx.ModelProto:
     """Export the operators recorded between `inputs` and `outputs` as an ONNX model.
 
-    Record the graph by running the forward pass with `autograd.training = True` (SINGA's way: the outputs of a
-    training step), then `onnx.save(to_onnx([x], [y]), path)`. The model computes the inference form (BatchNorm with
-    running statistics, Dropout as identity).
+    Run the forward pass, in training or evaluation mode (`m.eval(); y = m.forward(x)`), then
+    `onnx.save(to_onnx([x], [y]), path)`. The model computes the inference form (BatchNorm with running statistics,
+    Dropout as identity). Graph inputs follow `inputs` in order; entries that are not Tensors are ignored with a
+    warning, and a tensor the graph does not use stands for the graph's next data leaf by position, as in SINGA.
 
     opset_version: the ONNX opset (default 18, at least 13; raised to 19 when an average pooling uses dilation).
     dynamic_batch: None (default) names the first axis of the inputs `batch` unless the graph is exact only at the

@@ -48,8 +48,9 @@ class SONNXModel(model.Model):
 
     Float initializers become trainable parameters (BatchNormalization's mean and variance become states) on the
     device of the first input, so the model can be compiled (`use_graph=True` too), re-trained with any optimizer and
-    checkpointed. `last_layers=-2` stops after the second-to-last node for transfer learning: append layers in a
-    subclass and train them together. Subclass it and write `train_one_batch`, as for any singa Model.
+    checkpointed. `last_layers=-3` stops before the last node (SINGA's count: -1 and -2 run every node, -k leaves out
+    the last k - 2) for transfer learning: append layers in a subclass and train them together. Subclass it and write
+    `train_one_batch`, as for any singa Model.
     """
 
     def __init__(self, onnx_model: Any, base_dir: str | None = None) -> None:

@@ -71,11 +71,13 @@ class SingaRep(BackendRep):
 
     def run(self, inputs: Any, last_layers: int = -1, aux_output: Any = (), all_outputs: bool = False,
             **kwargs: Any) -> list:
-        """Run the model. `last_layers=-1` runs every node; -2 stops after the second-to-last node and returns that
-        node's outputs (for transfer learning); `aux_output` adds named intermediate values after the outputs;
-        `all_outputs=True` returns {name: value} of everything computed."""
+        """Run the model. `last_layers` counts as SINGA's code does: -1 and -2 run every node, -3 stops before the
+        last node, -k before the last k - 2 nodes, returning the outputs of the last node run (for transfer
+        learning); a non-negative k runs the nodes up to index k. `aux_output` adds named intermediate values after
+        the outputs; `all_outputs=True` returns {name: value} of everything computed."""
         imp = self.imported
-        if not autograd.training and not all_outputs and not aux_output and last_layers in (-1, None):
+        if not autograd.training and not all_outputs and not aux_output and \
+                imp.stop_index(last_layers if last_layers is not None else -1) is None:
             plan = self.inference_plan()
             if plan is not None:
                 outs, as_tensors = plan.run(inputs)

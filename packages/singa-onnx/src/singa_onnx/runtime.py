@@ -8,18 +8,21 @@ value only until its last use.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, helper
 
 from singa import autograd, ops
+from singa import dtypes as sdt
 from singa.backend import Device
 from singa.tensor import Tensor
 from singa_onnx import onnx_types as ot
-from singa_onnx.errors import NodeError, UnsupportedOperatorError
+from singa_onnx.checker import to_array
+from singa_onnx.errors import InvalidInputError, InvalidModelError, NodeError, SONNXError, UnsupportedOperatorError
 from singa_onnx.registry import OpEntry, lookup
 
 
@@ -36,9 +39,9 @@ class OnnxAttributes(dict):
 
 def _attr_value(a: AttributeProto) -> Any:
     if a.type == AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return to_array(a.t)
     if a.type == AttributeProto.TENSORS:
-        return [numpy_helper.to_array(t) for t in a.tensors]
+        return [to_array(t) for t in a.tensors]
     if a.type == AttributeProto.GRAPH:
         return a.g
     if a.type == AttributeProto.GRAPHS:
@@ -54,9 +57,21 @@ def _attr_value(a: AttributeProto) -> Any:
 
 
 def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
-    values = numpy_helper.to_array(sp.values)
-    idx = numpy_helper.to_array(sp.indices)
-    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
+    values = to_array(sp.values)
+    idx = to_array(sp.indices)
+    dims = tuple(sp.dims)
+    name = sp.values.name
+    nnz = values.size
+    if values.ndim != 1 or any(d < 0 for d in dims):
+        raise InvalidModelError(f"sparse tensor {name!r}: values of shape {values.shape} (must be 1-D) for dims "
+                                f"{list(dims)}")
+    if idx.dtype.kind not in "iu" or idx.shape not in ((nnz,), (nnz, len(dims))):
+        raise InvalidModelError(f"sparse tensor {name!r}: indices of shape {idx.shape} and type {idx.dtype} for "
+                                f"{nnz} values of dims {list(dims)} (expected int64 ({nnz},) or ({nnz}, {len(dims)}))")
+    bound = np.asarray([math.prod(dims)]) if idx.ndim == 1 else np.asarray(dims)
+    if idx.size and (idx.min() < 0 or np.any(idx.max(axis=0) >= bound)):
+        raise InvalidModelError(f"sparse tensor {name!r}: an index lies outside dims {list(dims)}")
+    dense = np.zeros(dims, dtype=values.dtype)
     if idx.ndim == 1:  # linear positions
         dense.reshape(-1)[idx] = values
     else:
@@ -275,7 +290,7 @@ class Program:
         self.name = graph.name
         self.initializers: dict[str, np.ndarray] = {}
         for t in graph.initializer:
-            self.initializers[t.name] = numpy_helper.to_array(t)
+            self.initializers[t.name] = to_array(t)
         for sp in graph.sparse_initializer:
             self.initializers[sp.values.name] = _sparse_to_dense(sp)
         self.inputs = [vi.name for vi in graph.input if vi.name not in self.initializers]
@@ -464,6 +479,48 @@ def _input_code(arr: np.ndarray, t: int | None, dev: Device) -> int | None:
     return ot.storage(ot.from_np(arr.dtype), dev)
 
 
+def _declared_shape(tp: onnx.TypeProto) -> tuple | None:
+    """A tensor input's declared shape: an int per static dimension, the symbol's name per symbolic one, None per
+    unnamed one; None when no shape is declared (or the input is not a tensor)."""
+    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tp.tensor_type.shape.dim)
+
+
+def _shape_text(decl: tuple) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in decl) + ("," if len(decl) == 1 else "") + ")"
+
+
+_KIND_RANK = {"bool": 0, "int": 1, "float": 2}
+
+
+def _kind(t: int | None) -> str | None:
+    """'bool', 'int', 'float' or 'string' for an ONNX element type; None for others (complex...)."""
+    if t == ot.F.STRING:
+        return "string"
+    if t == ot.F.BOOL:
+        return "bool"
+    if t in ot.INT_TYPES:
+        return "int"
+    if t in ot.FLOAT_TYPES:
+        return "float"
+    return None
+
+
+def _check_kind(name: str, given: np.dtype, declared: int | None) -> None:
+    want = _kind(declared)
+    if want is None:
+        return  # undeclared, complex and other types: left to the operators
+    try:
+        have = "string" if given.kind in "OSU" else _kind(ot.from_np(given))
+    except Exception:  # noqa: BLE001 - a dtype ONNX has no type for
+        have = None
+    if have == want or (have in _KIND_RANK and want in _KIND_RANK and _KIND_RANK[have] <= _KIND_RANK[want]):
+        return
+    raise InvalidInputError(f"input {name!r}: {given} data for a {ot.name(declared)} input (convert it first: values "
+                            "of another kind would be truncated)")
+
+
 # -- the model-level wrapper shared by SingaRep and SONNXModel --------------------------------------------------------
 
 
@@ -478,9 +535,15 @@ class ImportedGraph:
         if check:
             checker.check(proto)
         self.proto = proto
-        self.program = build_program(proto)
+        try:
+            self.program = build_program(proto)
+        except SONNXError:
+            raise
+        except Exception as exc:  # a malformed model onnx.checker let through: report it as the model's fault
+            raise InvalidModelError(f"cannot build the ONNX model: {type(exc).__name__}: {exc}") from exc
         self.types = self.program.importer.types
         self.kinds = self._classify()
+        self.shapes = {vi.name: _declared_shape(vi.type) for vi in proto.graph.input}
 
     def _classify(self) -> dict[str, str]:
         """'param' for float initializers read as data by some node, 'state' for running statistics, else 'const'."""
@@ -523,14 +586,47 @@ class ImportedGraph:
             items = list(values.items())
             unknown = [k for k, _ in items if k not in names]
             if unknown:
-                raise ValueError(f"unknown model input(s) {unknown}; the inputs are {names}")
-            return items
-        if isinstance(values, (Tensor, np.ndarray)) or np.isscalar(values):
-            values = [values]
-        values = list(values)
-        if len(values) != len(names):
-            raise ValueError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
-        return list(zip(names, values))
+                raise InvalidInputError(f"unknown model input(s) {unknown}; the inputs are {names}")
+        else:
+            if isinstance(values, (Tensor, np.ndarray)) or np.isscalar(values):
+                values = [values]
+            values = list(values)
+            if len(values) != len(names):
+                raise InvalidInputError(f"the model takes {len(names)} input(s) {names}, got {len(values)}")
+            items = list(zip(names, values))
+        self.check_inputs(items)
+        return items
+
+    def check_inputs(self, items: list[tuple[str, Any]]) -> None:
+        """Each input against the graph's declaration, as onnxruntime checks them: its dtype must be of the declared
+        kind (bool < int < float widen, as numpy's same_kind casts; nothing narrows to another kind), each static
+        dimension must match, and each symbolic dimension takes one value per run, the same in every input."""
+        bound: dict[str, tuple[int, str]] = {}
+        for name, v in items:
+            if v is None or isinstance(v, (list, tuple)):
+                continue  # an optional input left out, a sequence
+            if isinstance(v, Tensor):
+                shape, given = tuple(v.shape), sdt.to_numpy_dtype(v.dtype)
+            else:
+                arr = np.asarray(v)
+                shape, given = arr.shape, arr.dtype
+            _check_kind(name, given, self.types.get(name))
+            decl = self.shapes.get(name)
+            if decl is None:
+                continue
+            if len(shape) != len(decl):
+                raise InvalidInputError(f"input {name!r}: shape {shape} has {len(shape)} dimension(s), the model "
+                                        f"declares {_shape_text(decl)}")
+            for i, (g, d) in enumerate(zip(shape, decl)):
+                if isinstance(d, int) and g != d:
+                    raise InvalidInputError(f"input {name!r}: shape {shape} does not match the declared "
+                                            f"{_shape_text(decl)} (dimension {i} is {g}, not {d})")
+                if isinstance(d, str):
+                    first = bound.setdefault(d, (g, name))
+                    if first[0] != g:
+                        raise InvalidInputError(f"input {name!r}: shape {shape} does not match the declared "
+                                                f"{_shape_text(decl)}: dimension {i} ({d!r}) is {g}, but input "
+                                                f"{first[1]!r} made {d!r} {first[0]}")
 
     def feed_value(self, name: str, v: Any, dev: Device) -> Any:
         """One input as the program reads it: device data on `dev` in its storage type (strings stay on the host)."""
@@ -568,13 +664,20 @@ class ImportedGraph:
         return host_to_tensor(arr, dev, code)
 
     def stop_index(self, last_layers: int) -> int | None:
+        """How many nodes run (None: all), counting `last_layers` as SINGA's SingaRep does: -1 runs every node;
+        -k with k >= 2 leaves out the last k - 2 nodes (-2 runs every node, -3 all but the last); a non-negative k
+        is the index of the last node to run."""
         n = len(self.program.nodes)
         if last_layers is None or last_layers == -1:
             return None
-        if not isinstance(last_layers, (int, np.integer)) or last_layers >= 0 or n + last_layers + 1 < 1:
-            raise ValueError(f"last_layers must be a negative integer from -1 (the whole model) to -{n} (only the "
-                             f"first node), got {last_layers!r}")
-        return n + int(last_layers) + 1
+        k = int(last_layers) if isinstance(last_layers, (int, np.integer)) and not isinstance(last_layers, bool) \
+            else None
+        keep = None if k is None else (n + k + 2 if k < 0 else k + 1)
+        if keep is None or not 1 <= keep <= n:
+            raise ValueError(f"last_layers must be -1 (every node), -k (SINGA's count: -2 runs every node, -3 all but "
+                             f"the last, down to -{n + 1}: only the first node) or the index of the last node to run "
+                             f"(0 to {n - 1}), got {last_layers!r}")
+        return None if keep == n else keep
 
     def run(self, rt: Runtime, feeds: dict[str, Any], last_layers: int = -1, aux_output: Iterable[str] = (),
             all_outputs: bool = False) -> tuple[list[Any], list[str], dict[str, Any]]:

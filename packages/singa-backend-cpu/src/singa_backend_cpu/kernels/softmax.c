@@ -60,14 +60,14 @@ int sg_softmax_backward(int dtype, int log, const char *dy, int64_t dyo, const c
 
 /* -- softmax cross-entropy ------------------------------------------------------------------------------------- */
 
-/* label of row n, wrapped like numpy indexing; -1 (and *bad = the label) when out of [-C, C) */
+/* label of row n; -1 (and *bad = the label) when out of [0, C): a class label never counts from the end */
 static int64_t label_of(int tdtype, const char *t, int64_t n, int64_t C, int64_t *bad) {
     const int64_t v = tdtype == SG_I32 ? ((const int32_t *)t)[n] : ((const int64_t *)t)[n];
-    if (v < -C || v >= C) {
+    if (v < 0 || v >= C) {
         *bad = v;
         return -1;
     }
-    return v < 0 ? v + C : v;
+    return v;
 }
 
 /* log-sum-exp of a row, in double */

@@ -32,6 +32,32 @@ def test_identity(device):
     assert device.description()
 
 
+def test_singa_device_methods(device):
+    """SINGA's Device API comes from the core's base class; a backend must not shadow it (an int `id` attribute,
+    say): dev.id() is the index, and the graph calls record, finish and replay a step on this device."""
+    assert device.id() == int(device.id)
+    if "cpu" in plugins.registry().backends:
+        assert device.host().backend_name == "cpu"
+    assert device.graph_enabled() is False
+    x = H.upload(device, np.array([1.0, 2.0], np.float32))
+    device.EnableGraph(True)
+    try:
+        assert device.graph_enabled()
+        y = H.upload(device, np.zeros(2, np.float32))
+        device.table["add_scalar"](y, x, alpha=1.0)
+    finally:
+        device.EnableGraph(False)
+    try:
+        device.RunGraph(True)  # finishes the recording: its step has already run
+        np.testing.assert_array_equal(H.download(device, y), [2.0, 3.0])
+        device.write(x, np.array([5.0, 6.0], np.float32))
+        device.RunGraph(False)
+        np.testing.assert_array_equal(H.download(device, y), [6.0, 7.0])
+    finally:
+        device.ResetGraph()
+    device.Sync()
+
+
 def test_pool_counters(device):
     pool = device.pool
     gc.collect()

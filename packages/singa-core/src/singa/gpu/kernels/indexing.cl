@@ -3,13 +3,14 @@
  * for scatter_add, T/LD/ST/TNAME of the element type; TI, the index type (int or long), for the index kernels. */
 
 #ifdef TI
-/* flag[0] = the smallest position holding an index outside [-len, len) (the flag starts at LONG_MAX... as int) */
-__kernel void sg_check_indices(const long count, const long len, __global const TI *idx, const long io,
+/* flag[0] = the smallest position holding an index outside [lo, len) (the flag starts at INT_MAX); lo is -len for
+   indices that may count from the end, 0 for class labels */
+__kernel void sg_check_indices(const long count, const long lo, const long len, __global const TI *idx, const long io,
                                __global volatile int *flag) {
     const long j = get_global_id(0);
     if (j >= count) return;
     const long v = idx[io + j];
-    if (v < -len || v >= len) atomic_min(flag, (int)min(j, (long)INT_MAX));
+    if (v < lo || v >= len) atomic_min(flag, (int)min(j, (long)INT_MAX));
 }
 #endif
 

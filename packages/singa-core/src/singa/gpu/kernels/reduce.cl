@@ -55,7 +55,8 @@ __kernel void sg_red_##NAME##_cols(const long outer, const long len, const long 
 /* rows of `len` elements; work-group g handles segment g % split of row g / split */                            \
 __kernel void sg_red_##NAME##_rows(const long len, const long split, __global const TIN *x, const long xo,       \
                                    __global TOUT *out, const long oo, __global acc_t *part,                      \
-                                   __local acc_t *tmp) {                                                         \
+                                   SG_LOCAL_ARG(acc_t, tmp)) {                                                   \
+    SG_LOCAL_INIT(acc_t, tmp);                                                                                   \
     const long g = get_group_id(0), row = g / split, seg = g % split;                                            \
     const int lid = get_local_id(0), wg = get_local_size(0);                                                     \
     const long per = (len + split - 1) / split, lo = seg * per, hi = min(len, lo + per);                         \
@@ -75,7 +76,8 @@ __kernel void sg_red_##NAME##_rows(const long len, const long split, __global co
 }                                                                                                                \
 /* x (A, K, B) reduced over A and B: one work-group per k; each work-item steps through the A*B elements */      \
 __kernel void sg_red_##NAME##_mid(const long A, const long K, const long B, __global const TIN *x, const long xo,  \
-                                  __global TOUT *out, const long oo, __local acc_t *tmp) {                       \
+                                  __global TOUT *out, const long oo, SG_LOCAL_ARG(acc_t, tmp)) {                 \
+    SG_LOCAL_INIT(acc_t, tmp);                                                                                   \
     const long k = get_group_id(0);                                                                              \
     const int lid = get_local_id(0), wg = get_local_size(0);                                                     \
     const long di = wg / B, db = wg % B;                                                                         \

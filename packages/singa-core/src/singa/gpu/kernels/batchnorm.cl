@@ -1,9 +1,10 @@
 /* Batch normalisation over axes (0, 2, 3) of x seen as (N, C, S). One work-group per channel computes the statistics
  * with a tree in local memory (two passes: the mean, then the squared deviations from it, in sg_acc); a second kernel
- * applies them element-wise. Per-channel vectors are float32 here (table.py converts float16 ones); x, y, dy, dx are
- * T through LD/ST. `coef` holds three sg_acc per channel for the element-wise pass. */
+ * applies them element-wise. Per-channel vectors are V here (float, or double for float64 data: singa.gpu.table
+ * converts float16 ones); x, y, dy, dx are T through LD/ST. `coef` holds three sg_acc per channel for the
+ * element-wise pass. */
 
-inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
+inline sg_acc sg_group_sum(sg_acc v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -20,9 +21,10 @@ inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
 #define SG_AT(c, e) ((((e) / S) * C + (c)) * S + (e) % S)
 
 __kernel void sg_bn_stats(const long N, const long C, const long S, __global const T *x, const long xo,
-                          __global const float *scale, __global const float *bias, __global float *rmean,
-                          __global float *rvar, __global float *smean, __global float *sinvstd,
-                          const sg_acc momentum, const sg_acc eps, __global sg_acc *coef, __local sg_acc *tmp) {
+                          __global const V *scale, __global const V *bias, __global V *rmean,
+                          __global V *rvar, __global V *smean, __global V *sinvstd,
+                          const sg_acc momentum, const sg_acc eps, __global sg_acc *coef, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long c = get_group_id(0), M = N * S;
     const int lid = get_local_id(0), wg = get_local_size(0);
     sg_acc s = 0;
@@ -38,10 +40,10 @@ __kernel void sg_bn_stats(const long N, const long C, const long S, __global con
         const sg_acc var = M ? ss / (sg_acc)M : (sg_acc)NAN;
         const sg_acc inv = 1 / sqrt(var + eps);
         const sg_acc unbiased = var * (sg_acc)M / (sg_acc)(M > 1 ? M - 1 : 1);
-        smean[c] = (float)mean;
-        sinvstd[c] = (float)inv;
-        rmean[c] = (float)(momentum * rmean[c] + (1 - momentum) * mean);
-        rvar[c] = (float)(momentum * rvar[c] + (1 - momentum) * unbiased);
+        smean[c] = (V)mean;
+        sinvstd[c] = (V)inv;
+        rmean[c] = (V)(momentum * rmean[c] + (1 - momentum) * mean);
+        rvar[c] = (V)(momentum * rvar[c] + (1 - momentum) * unbiased);
         coef[3 * c] = mean;
         coef[3 * c + 1] = inv * scale[c];
         coef[3 * c + 2] = bias[c];
@@ -58,8 +60,8 @@ __kernel void sg_bn_apply(const long n, const long C, const long S, __global con
 }
 
 __kernel void sg_bn_infer(const long n, const long C, const long S, __global const T *x, const long xo,
-                          __global T *y, const long yo, __global const float *scale, __global const float *bias,
-                          __global const float *mean, __global const float *var, const sg_acc eps) {
+                          __global T *y, const long yo, __global const V *scale, __global const V *bias,
+                          __global const V *mean, __global const V *var, const sg_acc eps) {
     const long i = get_global_id(0);
     if (i >= n) return;
     const long c = (i / S) % C;
@@ -69,9 +71,10 @@ __kernel void sg_bn_infer(const long n, const long C, const long S, __global con
 
 /* dscale = sum dy * xhat, dbias = sum dy; coef = the three factors of dx = k1 dy + k2 (x - mean) + k3 */
 __kernel void sg_bn_bwd_stats(const long N, const long C, const long S, __global const T *dy, const long dyo,
-                              __global const T *x, const long xo, __global const float *scale,
-                              __global const float *smean, __global const float *sinvstd, __global float *dscale,
-                              __global float *dbias, __global sg_acc *coef, __local sg_acc *tmp) {
+                              __global const T *x, const long xo, __global const V *scale,
+                              __global const V *smean, __global const V *sinvstd, __global V *dscale,
+                              __global V *dbias, __global sg_acc *coef, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long c = get_group_id(0), M = N * S;
     const int lid = get_local_id(0), wg = get_local_size(0);
     const sg_acc m = smean[c], inv = sinvstd[c];
@@ -85,8 +88,8 @@ __kernel void sg_bn_bwd_stats(const long N, const long C, const long S, __global
     const sg_acc db = sg_group_sum(sg, tmp);
     const sg_acc ds = sg_group_sum(sgx, tmp) * inv;
     if (lid == 0) {
-        dscale[c] = (float)ds;
-        dbias[c] = (float)db;
+        dscale[c] = (V)ds;
+        dbias[c] = (V)db;
         const sg_acc k = scale[c] * inv / (sg_acc)(M ? M : 1);
         coef[3 * c] = k * (sg_acc)M;
         coef[3 * c + 1] = -k * inv * ds;
@@ -96,7 +99,7 @@ __kernel void sg_bn_bwd_stats(const long N, const long C, const long S, __global
 
 __kernel void sg_bn_bwd_dx(const long n, const long C, const long S, __global const T *dy, const long dyo,
                            __global const T *x, const long xo, __global T *dx, const long dxo,
-                           __global const float *smean, __global const sg_acc *coef) {
+                           __global const V *smean, __global const sg_acc *coef) {
     const long i = get_global_id(0);
     if (i >= n) return;
     const long c = (i / S) % C;

@@ -4,7 +4,7 @@ For every (table entry, dtype) it emits two kernels, one work-item per output el
 
     sg_ew_<name>_<dtype>_c(n, out, out_off, in, in_off, ...)         every operand contiguous
     sg_ew_<name>_<dtype>_s(n, dims, out, out_off, in, in_off, ...)   any strides (0 = broadcast): `dims` is an sg_dims
-                                                                      (kernels/common.cl) passed by value
+                                                                      (singa/gpu/kernels/dtypes.cl) passed by value
 
 Kernels of entries that take parameters (every unary one; binary ones with `params`) take (alpha, beta)
 last. The entry's C expression is pasted as it is: its variables `x`, `a`, `b`,
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # singa.dtypes codes, kept literal like the CPU backend's codegen
-F32, F16, I32, I64, BOOL = 0, 1, 2, 3, 4
+F32, F16, I32, I64, BOOL, F64 = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class CLType:
     suffix: str  # dtype name in kernel names
     storage: str  # OpenCL C type of an element in memory
     compute: str  # type the expression computes in
-    macro: str  # SG_LD_<macro> / SG_ST_<macro> of common.cl
+    macro: str  # SG_LD_<macro> / SG_ST_<macro> of singa/gpu/kernels/dtypes.cl
 
     def load(self, ptr: str, idx: str) -> str:
         return f"SG_LD_{self.macro}({ptr}, {idx})"
@@ -43,9 +43,10 @@ CLTYPES = {
     I32: CLType("int32", "int", "int", "I32"),
     I64: CLType("int64", "long", "long", "I64"),
     BOOL: CLType("bool", "uchar", "int", "BOOL"),
+    F64: CLType("float64", "double", "double", "F64"),  # only where the device declares float64
 }
 BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
-ITEMSIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BOOL: 1}
+ITEMSIZE = {F32: 4, F16: 2, I32: 4, I64: 8, BOOL: 1, F64: 8}
 
 
 def param_type(dtype: int, fp64: bool) -> str:
@@ -53,7 +54,7 @@ def param_type(dtype: int, fp64: bool) -> str:
     the CPU backend), else float."""
     if dtype in (F32, F16):
         return "float"
-    return "double" if fp64 else "float"
+    return "double" if fp64 or dtype == F64 else "float"
 
 
 def _result(out: CLType, expr: str) -> tuple[str, str]:

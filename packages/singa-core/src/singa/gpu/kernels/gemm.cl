@@ -5,12 +5,12 @@
  * Defined by table.py: T, LD, ST, ACC (long or float). */
 #define TILE 16
 
-__kernel __attribute__((reqd_work_group_size(TILE, TILE, 1)))
+__kernel SG_REQD_WG(TILE, TILE, 1)
 void sg_gemm(const long M, const long N, const long K, const long batch_a, const long batch_b,
              __global const T *a, const long ao, __global const T *b, const long bo, __global T *c, const long co,
              const int ta, const int tb, const sg_acc alpha, const sg_acc beta) {
-    __local ACC As[TILE][TILE + 1];
-    __local ACC Bs[TILE][TILE + 1];
+    SG_SHARED ACC As[TILE][TILE + 1];
+    SG_SHARED ACC Bs[TILE][TILE + 1];
     const long bi = get_global_id(2);
     const int tx = get_local_id(0), ty = get_local_id(1);
     const long col = get_group_id(0) * TILE + tx, row = get_group_id(1) * TILE + ty;

@@ -5,7 +5,8 @@
  * same element and no atomics are needed; windows are visited in the forward's row-major order, so float sums come
  * out in the CPU backend's order. When windows do not overlap (stride >= extent, the common 2x2/2 case) each input
  * element has at most one window and sg_pool_bwd_disjoint writes the gradient from the outputs' side instead.
- * Defined by table.py: T, LD, ST (float32 or float16 through float). */
+ * Defined by singa.gpu.table: T, LD, ST, and CT, the type values are computed in (float for float16 and float32,
+ * double for float64). */
 
 typedef struct {
     long N, C, H, W, OH, OW, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw;
@@ -40,8 +41,8 @@ inline void sg_window_counts(const sg_pool *q, long oh, long ow, long *inside, l
 }
 
 /* h*W+w of the window's first maximum (the first NaN wins), -1 for a window with no element in the input */
-inline long sg_window_argmax(const sg_pool *q, __global const T *x, long base, long oh, long ow, float *best_out) {
-    float best = 0.0f;
+inline long sg_window_argmax(const sg_pool *q, __global const T *x, long base, long oh, long ow, CT *best_out) {
+    CT best = 0.0f;
     long bi = -1;
     for (long i = 0; i < q->kh; i++) {
         const long h = oh * q->sh - q->pt + i * q->dh;
@@ -49,7 +50,7 @@ inline long sg_window_argmax(const sg_pool *q, __global const T *x, long base, l
         for (long j = 0; j < q->kw; j++) {
             const long w = ow * q->sw - q->pl + j * q->dw;
             if (w < 0 || w >= q->W) continue;
-            const float v = LD(x, base + h * q->W + w);
+            const CT v = LD(x, base + h * q->W + w);
             if (bi < 0 || v > best || (v != v && best == best)) {
                 best = v;
                 bi = h * q->W + w;
@@ -71,7 +72,7 @@ __kernel void sg_pool_fwd(const sg_pool q, const int mode_avg, const int count_p
     for (long ow = 0; ow < q.OW; ow++) {
         const long o = t * q.OW + ow;
         if (!mode_avg) {
-            float best;
+            CT best;
             const long bi = sg_window_argmax(&q, x, base, oh, ow, &best);
             ST(y, yo + o, best);
             if (with_idx) idx[io + o] = bi;
@@ -88,30 +89,30 @@ __kernel void sg_pool_fwd(const sg_pool q, const int mode_avg, const int count_p
                 if (w >= 0 && w < q.W) s += LD(x, base + h * q.W + w);
             }
         }
-        ST(y, yo + o, inside == 0 ? 0.0f : (float)(s / (sg_acc)(count_pad ? padded : inside)));
+        ST(y, yo + o, inside == 0 ? 0.0f : (CT)(s / (sg_acc)(count_pad ? padded : inside)));
         if (with_idx) idx[io + o] = -1;
     }
 }
 
 /* the gradient of output (p, oh, ow) for the input element e of its plane (0 when e is not what it read) */
-inline float sg_pool_grad(const sg_pool *q, int mode_avg, int count_pad, __global const T *dy, long dyo,
+inline CT sg_pool_grad(const sg_pool *q, int mode_avg, int count_pad, __global const T *dy, long dyo,
                           __global const T *x, long xo, __global const long *idx, long io, int with_idx, long p,
                           long oh, long ow, long e) {
     const long o = p * q->OH * q->OW + oh * q->OW + ow;
-    const float g = LD(dy, dyo + o);
+    const CT g = LD(dy, dyo + o);
     if (!mode_avg) {
         long bi;
         if (with_idx) {
             bi = idx[io + o];
         } else {
-            float unused;
+            CT unused;
             bi = sg_window_argmax(q, x, xo + p * q->H * q->W, oh, ow, &unused);
         }
         return bi == e ? g : 0.0f;
     }
     long inside, padded;
     sg_window_counts(q, oh, ow, &inside, &padded);
-    return inside ? (float)((sg_acc)g / (sg_acc)(count_pad ? padded : inside)) : 0.0f;
+    return inside ? (CT)((sg_acc)g / (sg_acc)(count_pad ? padded : inside)) : 0.0f;
 }
 
 /* one work-item per (plane, h): a row of dx, gathered from every window that covers its elements */
@@ -123,7 +124,7 @@ __kernel void sg_pool_bwd(const sg_pool q, const int mode_avg, const int count_p
     const long h = t % q.H, p = t / q.H;
     for (long w = 0; w < q.W; w++) {
         const long e = h * q.W + w;
-        float sum = 0.0f;
+        CT sum = 0.0f;
         /* taps in decreasing order visit windows in increasing (oh, ow) order */
         for (long a = q.kh - 1; a >= 0; a--) {
             const long oh = sg_out_index(h + q.pt - a * q.dh, q.sh, q.OH);

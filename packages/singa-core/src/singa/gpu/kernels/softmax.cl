@@ -1,10 +1,11 @@
 /* Softmax and log-softmax along one axis of x seen as (outer, len, inner), their gradients, and (the program built
  * with SG_SCE) the softmax cross-entropy loss. Long rows (inner == 1) get one work-group each with trees in local
- * memory; otherwise one work-item walks one (o, j) column. The arithmetic follows the CPU backend: x - max in float,
- * exp in float, sums in sg_acc, log-softmax as (x - m) - (float)log(sum). Defined by table.py: T, LD, ST (float32 or float16). */
+ * memory; otherwise one work-item walks one (o, j) column. The arithmetic follows the CPU backend: x - max in CT,
+ * exp in CT, sums in sg_acc, log-softmax as (x - m) - (CT)log(sum). Defined by singa.gpu.table: T, LD, ST and CT, the
+ * compute type (float for float16 and float32, double for float64). */
 
 #ifndef SG_SCE
-inline float sg_group_max(float v, __local sg_acc *tmp) {
+inline CT sg_group_max(CT v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -12,12 +13,12 @@ inline float sg_group_max(float v, __local sg_acc *tmp) {
         if (lid < s) tmp[lid] = fmax(tmp[lid], tmp[lid + s]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const float r = (float)tmp[0];
+    const CT r = (CT)tmp[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
 
-inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
+inline sg_acc sg_group_sum(sg_acc v, SG_LOCAL sg_acc *tmp) {
     const int lid = get_local_id(0), wg = get_local_size(0);
     tmp[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -32,22 +33,23 @@ inline sg_acc sg_group_sum(sg_acc v, __local sg_acc *tmp) {
 
 /* one work-group per row of len elements (inner == 1) */
 __kernel void sg_softmax_rows(const long len, const int log_, __global const T *x, const long xo, __global T *y,
-                              const long yo, __local sg_acc *tmp) {
+                              const long yo, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long row = get_group_id(0);
     const int lid = get_local_id(0), wg = get_local_size(0);
     const long base = row * len;
-    float m = -INFINITY;
-    for (long r = lid; r < len; r += wg) m = fmax(m, (float)LD(x, xo + base + r));
+    CT m = -INFINITY;
+    for (long r = lid; r < len; r += wg) m = fmax(m, (CT)LD(x, xo + base + r));
     m = sg_group_max(m, tmp);
     sg_acc s = 0;
-    for (long r = lid; r < len; r += wg) s += exp((float)LD(x, xo + base + r) - m);
+    for (long r = lid; r < len; r += wg) s += exp((CT)LD(x, xo + base + r) - m);
     s = sg_group_sum(s, tmp);
     if (log_) {
-        const float ls = (float)log(s);
-        for (long r = lid; r < len; r += wg) ST(y, yo + base + r, ((float)LD(x, xo + base + r) - m) - ls);
+        const CT ls = (CT)log(s);
+        for (long r = lid; r < len; r += wg) ST(y, yo + base + r, ((CT)LD(x, xo + base + r) - m) - ls);
     } else {
-        const float inv = (float)(1 / s);
-        for (long r = lid; r < len; r += wg) ST(y, yo + base + r, exp((float)LD(x, xo + base + r) - m) * inv);
+        const CT inv = (CT)(1 / s);
+        for (long r = lid; r < len; r += wg) ST(y, yo + base + r, exp((CT)LD(x, xo + base + r) - m) * inv);
     }
 }
 
@@ -57,33 +59,34 @@ __kernel void sg_softmax_cols(const long outer, const long len, const long inner
     const long i = get_global_id(0);
     if (i >= outer * inner) return;
     const long base = (i / inner) * len * inner + i % inner;
-    float m = -INFINITY;
-    for (long r = 0; r < len; r++) m = fmax(m, (float)LD(x, xo + base + r * inner));
+    CT m = -INFINITY;
+    for (long r = 0; r < len; r++) m = fmax(m, (CT)LD(x, xo + base + r * inner));
     sg_acc s = 0;
-    for (long r = 0; r < len; r++) s += exp((float)LD(x, xo + base + r * inner) - m);
+    for (long r = 0; r < len; r++) s += exp((CT)LD(x, xo + base + r * inner) - m);
     if (log_) {
-        const float ls = (float)log(s);
-        for (long r = 0; r < len; r++) ST(y, yo + base + r * inner, ((float)LD(x, xo + base + r * inner) - m) - ls);
+        const CT ls = (CT)log(s);
+        for (long r = 0; r < len; r++) ST(y, yo + base + r * inner, ((CT)LD(x, xo + base + r * inner) - m) - ls);
     } else {
-        const float inv = (float)(1 / s);
-        for (long r = 0; r < len; r++) ST(y, yo + base + r * inner, exp((float)LD(x, xo + base + r * inner) - m) * inv);
+        const CT inv = (CT)(1 / s);
+        for (long r = 0; r < len; r++) ST(y, yo + base + r * inner, exp((CT)LD(x, xo + base + r * inner) - m) * inv);
     }
 }
 
 /* softmax: dx = y (dy - sum(dy y)); log-softmax: dx = dy - exp(y) sum(dy) */
 __kernel void sg_softmax_bwd_rows(const long len, const int log_, __global const T *dy, const long dyo,
                                   __global const T *y, const long yo, __global T *dx, const long dxo,
-                                  __local sg_acc *tmp) {
+                                  SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
     const long base = get_group_id(0) * len;
     const int lid = get_local_id(0), wg = get_local_size(0);
     sg_acc s = 0;
     for (long r = lid; r < len; r += wg) {
-        const float g = LD(dy, dyo + base + r);
+        const CT g = LD(dy, dyo + base + r);
         s += log_ ? (sg_acc)g : (sg_acc)g * LD(y, yo + base + r);
     }
     s = sg_group_sum(s, tmp);
     for (long r = lid; r < len; r += wg) {
-        const float g = LD(dy, dyo + base + r), p = LD(y, yo + base + r);
+        const CT g = LD(dy, dyo + base + r), p = LD(y, yo + base + r);
         ST(dx, dxo + base + r, log_ ? (sg_acc)g - (sg_acc)exp(p) * s : (sg_acc)p * ((sg_acc)g - s));
     }
 }
@@ -96,12 +99,12 @@ __kernel void sg_softmax_bwd_cols(const long outer, const long len, const long i
     const long base = (i / inner) * len * inner + i % inner;
     sg_acc s = 0;
     for (long r = 0; r < len; r++) {
-        const float g = LD(dy, dyo + base + r * inner);
+        const CT g = LD(dy, dyo + base + r * inner);
         s += log_ ? (sg_acc)g : (sg_acc)g * LD(y, yo + base + r * inner);
     }
     for (long r = 0; r < len; r++) {
         const long k = base + r * inner;
-        const float g = LD(dy, dyo + k), p = LD(y, yo + k);
+        const CT g = LD(dy, dyo + k), p = LD(y, yo + k);
         ST(dx, dxo + k, log_ ? (sg_acc)g - (sg_acc)exp(p) * s : (sg_acc)p * ((sg_acc)g - s));
     }
 }
@@ -119,8 +122,7 @@ inline sg_acc sg_row_lse(__global const T *x, long base, long C) {
 
 #if TT_LABELS
 inline long sg_label(__global const TT *t, long i, long C) {
-    const long v = t[i];
-    return v < 0 ? v + C : v;
+    return t[i]; /* in [0, C): checked by the host before the launch */
 }
 #endif
 
