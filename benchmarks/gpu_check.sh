@@ -40,9 +40,9 @@ pkgs=(./packages/singa-core ./packages/singa-onnx ./packages/singa-backend-cuda 
 stage install 180 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "${pkgs[@]}"
 stage info 60 "$PY" -m singa info
 stage precompile 240 "$PY" -m singa_backend_cuda precompile
-stage cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rfE packages/singa-backend-cuda/tests
+stage cuda_tests 300 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short packages/singa-backend-cuda/tests
 stage gpu_check 420 "$PY" benchmarks/gpu_check.py --out "$OUTDIR"
-stage conformance 420 "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=60 --pyargs singa.testing.conformance \
+stage conformance 420 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short --maxfail=60 --pyargs singa.testing.conformance \
     --singa-device cuda
 # the seeds' examples, graph mode, float16, layers (CudnnRNN against torch.nn), bad input and threads, on cuda
 tests_on_cuda=(tests/test_autograd_seed.py tests/test_training_doc.py tests/test_graph.py tests/test_half.py
@@ -50,7 +50,7 @@ tests_on_cuda=(tests/test_autograd_seed.py tests/test_training_doc.py tests/test
 for t in tests/test_singa_script_forms.py tests/test_bad_input.py tests/test_threads.py; do
     [ -f "$t" ] && tests_on_cuda+=("$t")
 done
-stage tests_on_cuda 300 env SINGA_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE --maxfail=30 \
+stage tests_on_cuda 300 env SINGA_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short --maxfail=30 \
     "${tests_on_cuda[@]}"
 stage onnx_models 300 "$PY" benchmarks/onnx_conformance.py --device cuda --output - --category real \
     --category simple --category pytorch-converted --category pytorch-operator

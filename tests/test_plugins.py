@@ -189,6 +189,12 @@ def test_singa_device_selects_the_default(value, want):
     assert run_json(DEFAULT, env=env) == {"device": want}
 
 
+def test_without_a_cpu_backend_the_default_is_a_device_there_is():
+    """`pip install singa-core singa-backend-cuda` alone: unset SINGA_DEVICE means the first device of another
+    backend (cuda, then opencl, then any plugin), so optimizers and `get_default_device()` still work."""
+    assert run_json(DEFAULT, env={"SINGA_DISABLE_PLUGINS": "cpu,cuda,opencl"}) == {"device": "hostmem:0"}
+
+
 @pytest.mark.parametrize(("env", "needles"), [
     # SINGA's own backends: the PyPI name and the form that installs from a checkout
     ({"SINGA_DEVICE": "cuda"}, ["`pip install singa-backend-cuda`", "`pip install ./packages/singa-backend-cuda`"]),
@@ -198,8 +204,8 @@ def test_singa_device_selects_the_default(value, want):
     # an unknown name: what is installed, and how a third-party backend makes its name known (nothing to pip install)
     ({"SINGA_DEVICE": "nosuchthing"}, ["nosuchthing", "installed backends: ", "hostmem", "entry point",
                                        "`singa.backends`"]),
-    # without the CPU backend, the default has nowhere to go and says why
-    ({"SINGA_DISABLE_PLUGINS": "cpu"}, ["'cpu'", "disabled by SINGA_DISABLE_PLUGINS=cpu"]),
+    # without the CPU backend or any other device, the default has nowhere to go and says why
+    ({"SINGA_DISABLE_PLUGINS": "cpu,cuda,opencl,hostmem"}, ["'cpu'", "disabled by SINGA_DISABLE_PLUGINS=cpu"]),
 ])
 def test_singa_device_errors_say_what_to_do(env, needles):
     backend = env.get("SINGA_DEVICE", "").split(":")[0]
@@ -421,7 +427,7 @@ def test_backend_without_devices_is_never_asked_for_one(nodev_site):
     """, path=nodev_site)
     assert "nodev:0" not in rep["devices"]
     assert "hostmem:0" in rep["devices"]
-    assert "backend 'nodev' is installed but found no device" in rep["error"]
+    assert "backend 'nodev' is installed but has 0 device(s)" in rep["error"]
     # the whole conformance module on devices (copies between every pair of backends included) runs as if nodev were
     # not there
     proc = _pytest(["-q", "--pyargs", "singa.testing.conformance.test_device", "-k", "copy_between or identity"],

@@ -149,7 +149,7 @@ def test_no_driver_no_devices_and_a_clear_error():
     assert "count 0" in r.stdout
     assert "NVIDIA driver" in r.stdout
     assert "libcuda.so.1" in r.stdout
-    assert "error backend 'cuda' has 0 device(s)" in r.stdout
+    assert "error backend 'cuda' is installed but has 0 device(s)" in r.stdout
     assert "install the NVIDIA driver" in r.stdout
     info = _run("import subprocess, sys; subprocess.run([sys.executable, '-m', 'singa', 'info'])",
                 SINGA_CUDA_DRIVER_LIBRARY="/nonexistent/libcuda.so.1")

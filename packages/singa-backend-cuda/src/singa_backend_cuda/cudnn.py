@@ -130,7 +130,11 @@ _lib = None
 
 
 class CudnnError(RuntimeError):
-    """A cuDNN call failed."""
+    """A cuDNN call failed; `status` is its cudnnStatus_t."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
 
 
 def get():
@@ -142,7 +146,8 @@ def get():
 
 def check(status: int, what: str) -> None:
     if status != 0:
-        raise CudnnError(f"{what} failed: {ffi.string(get().cudnnGetErrorString(status)).decode()} ({status})")
+        raise CudnnError(f"{what} failed: {ffi.string(get().cudnnGetErrorString(status)).decode()} ({status})",
+                         status)
 
 
 def version() -> int:
@@ -218,6 +223,7 @@ class Plan:
         check(lib.cudnnSetConvolutionMathType(self.conv, math_type), "cudnnSetConvolutionMathType")
         self.algo = None
         self.workspace = 0
+        self.candidates: list[tuple[int, int, int]] = []  # (algo, workspace bytes, math type), best first
         self.exact = dtype == "float64" or (dtype == "float32" and not tf32)
         self.scalar = "double *" if dtype == "float64" else "float *"
 
@@ -238,15 +244,29 @@ class Plan:
                                                                        self.w, w, 16, count, perf, workspace, limit)
         check(status, f"cudnnFindConvolution({self.direction}, {self.dtype})")
         usable = [perf[i] for i in range(count[0]) if perf[i].status == 0 and perf[i].memory <= limit]
-        if self.exact:
-            usable = [p for p in usable if p.algo in EXACT[self.direction]] or usable
+        if self.exact:  # plain sums of products, and no tensor-op (reduced precision) variant of them
+            usable = [p for p in usable if p.algo in EXACT[self.direction] and p.mathType != TENSOR_OP_MATH] or usable
         if os.environ.get("SINGA_CUDNN_DETERMINISTIC", "").strip() != "0":
             usable = [p for p in usable if p.determinism == DETERMINISTIC] or usable
-        if usable:  # cuDNN lists them fastest first
-            self.algo, self.workspace = usable[0].algo, int(usable[0].memory)
-            return
-        raise CudnnError(f"cuDNN has no {self.direction} convolution algorithm for these shapes within "
-                         f"{limit} bytes of workspace")
+        if not usable:
+            raise CudnnError(f"cuDNN has no {self.direction} convolution algorithm for these shapes within "
+                             f"{limit} bytes of workspace")
+        self.candidates = [(int(p.algo), int(p.memory), int(p.mathType)) for p in usable]  # cuDNN lists fastest first
+        self._choose()
+
+    def _choose(self) -> None:
+        # each measured result holds for the math type it was measured with: the descriptor must carry that one
+        self.algo, self.workspace, math_type = self.candidates[0]
+        check(get().cudnnSetConvolutionMathType(self.conv, math_type), "cudnnSetConvolutionMathType")
+
+    def drop(self, error: CudnnError) -> bool:
+        """After `run` refused the chosen algorithm (BAD_PARAM or NOT_SUPPORTED: nothing was launched), move on to
+        the next one Find measured; False when there is none or the error is of another kind."""
+        if error.status // 1000 not in (2, 3) or len(self.candidates) < 2:
+            return False
+        self.candidates.pop(0)
+        self._choose()
+        return True
 
     def run(self, handle, x: int, w: int, y: int, workspace: int, beta: float = 0.0) -> None:
         """forward: y = conv(x, w); data: x = grad wrt x from y (dy) and w; filter: w = grad wrt w (+ beta w)."""

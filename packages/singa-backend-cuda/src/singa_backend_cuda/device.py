@@ -10,6 +10,11 @@ Graph mode (singa.graph) replays a recorded training step; `capture` turns that 
 capture, so a replayed step is one launch from Python. Memory that kernels allocate while being captured comes from
 a pool of the graph's own, alive as long as the graph, since the graph uses those addresses at every launch.
 
+Threads may share the device. Everything that puts work on the stream holds `stream_lock` (a re-entrant lock) while
+it does, and a capture holds it from beginning to end: another thread's kernels must never land in the graph being
+recorded, so they wait the few milliseconds a capture takes. Capture state (its pool, "capturing") belongs to the
+capturing thread alone, as do the pending index checks: a thread's bad gather is reported to that thread.
+
 Checks of index values (class labels, gather and scatter indices) run on the device and are reported at the next
 synchronisation, as PyTorch's device-side asserts are: the check kernel lowers a flag to the first bad position, and
 the next host read (or `synchronize()`) reads the flags back and raises the error, naming the kernel, its views and
@@ -99,8 +104,8 @@ class CudaDevice(Device):
         self._names: dict[object, str] = {}
         self._modules: dict[str, object] = {}  # program -> CUmodule
         self._small_wg: dict = {}
-        self._scratch: dict[str, Buffer] = {}
-        self._launch_lock = threading.Lock()
+        self._scratch: dict[tuple[str, int], Buffer] = {}
+        self.stream_lock = threading.RLock()  # held by whatever enqueues on the stream (see the module docstring)
         self._extra = ffi.new("void *[5]")
         self._extra_size = ffi.new("size_t *")
         self._extra[0] = ffi.cast("void *", cuda.CU_LAUNCH_PARAM_BUFFER_POINTER)
@@ -110,20 +115,18 @@ class CudaDevice(Device):
         self._recent: collections.deque = collections.deque(maxlen=8)  # names of the last kernels launched
         self._stage = None  # pinned staging buffer, made on first use
         self._stage_event = None
-        self._stage_lock = threading.Lock()
         self._stage_pending = False
         self._blas = None
         self._dnn = None
         self._conv_plans: dict[tuple, cudnn.Plan] = {}
         self._rnn_plans: dict[tuple, object] = {}
         self._workspace: Buffer | None = None
-        # stream capture (see `capture`)
-        self.capturing = False
+        # stream capture (see `capture`): the capturing thread, the graph's own pool, what the graph keeps
+        self._capture_owner: int | None = None
+        self._capture_pool: MemoryPool | None = None
         self._capture_keep: list = []
         self._capture_checks: list = []
-        self._pending_checks: dict[int, _Check] = {}  # checks of graphs launched since the last synchronisation
-        self._flags: Buffer | None = None  # FLAG_SLOTS int32 flags of eager checks, read back in one copy
-        self._flag_checks: list = []  # the error builder of each flag slot in use
+        self._checks = threading.local()  # each thread's pending index checks (see `_thread_checks`)
         self.capture_error: str | None = None  # why the last capture failed
         from singa_backend_cuda.table import kernels
 
@@ -150,6 +153,21 @@ class CudaDevice(Device):
         cuda.check(code, f"cuMemAlloc({nbytes} bytes on {self.name})")
         return CudaBuffer(int(p[0]), nbytes)
 
+    def alloc(self, nbytes: int) -> Buffer:
+        """From the device's pool, or, in the thread capturing a graph, from the graph's own."""
+        pool = self._capture_pool
+        if pool is None or self._capture_owner != threading.get_ident():
+            return super().alloc(nbytes)
+        handle, cls = pool.acquire(nbytes)
+        buf = Buffer(handle, nbytes, self, cls)
+        buf._pool = pool
+        return buf
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the calling thread is recording a CUDA graph."""
+        return self._capture_owner == threading.get_ident()
+
     def _raw_free(self, handle: CudaBuffer) -> None:
         self.activate()
         cuda.check(cuda.lib.cuMemFree_v2(handle.ptr), f"cuMemFree on {self.name}")
@@ -170,18 +188,18 @@ class CudaDevice(Device):
             return
         self.activate()
         dst = handle.ptr + byte_offset
-        if self.capturing:  # a constant of a captured step: its own pinned copy, read at every launch
-            p = ffi.new("void **")
-            cuda.check(cuda.lib.cuMemHostAlloc(p, n, cuda.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")
-            self._capture_keep.append(_Pinned(p[0]))
-            ffi.memmove(p[0], ffi.from_buffer(host), n)
-            cuda.check(cuda.lib.cuMemcpyHtoDAsync_v2(dst, p[0], n, self._stream), "cuMemcpyHtoDAsync (captured)")
-            return
-        if n > _STAGING:  # pageable: the driver copies it out before returning
-            cuda.check(cuda.lib.cuMemcpyHtoDAsync_v2(dst, ffi.from_buffer(host), n, self._stream),
-                       f"cuMemcpyHtoDAsync({n} bytes to {self.name})")
-            return
-        with self._stage_lock:
+        with self.stream_lock:
+            if self.capturing:  # a constant of a captured step: its own pinned copy, read at every launch
+                p = ffi.new("void **")
+                cuda.check(cuda.lib.cuMemHostAlloc(p, n, cuda.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")
+                self._capture_keep.append(_Pinned(p[0]))
+                ffi.memmove(p[0], ffi.from_buffer(host), n)
+                cuda.check(cuda.lib.cuMemcpyHtoDAsync_v2(dst, p[0], n, self._stream), "cuMemcpyHtoDAsync (captured)")
+                return
+            if n > _STAGING:  # pageable: the driver copies it out before returning
+                cuda.check(cuda.lib.cuMemcpyHtoDAsync_v2(dst, ffi.from_buffer(host), n, self._stream),
+                           f"cuMemcpyHtoDAsync({n} bytes to {self.name})")
+                return
             stage = self._staging()
             if self._stage_pending:  # the previous copy out of the staging buffer must be done
                 cuda.check(cuda.lib.cuEventSynchronize(self._stage_event), "cuEventSynchronize")
@@ -199,7 +217,7 @@ class CudaDevice(Device):
             raise RuntimeError(f"{self.name}: a host read of device data inside a captured CUDA graph")
         self.activate()
         out = ffi.from_buffer(host, require_writable=True)
-        with self._stage_lock:
+        with self.stream_lock:
             stage = self._staging()
             for start in range(0, n, _STAGING):
                 m = min(_STAGING, n - start)
@@ -208,7 +226,7 @@ class CudaDevice(Device):
                 self._sync_stream()
                 ffi.memmove(out + start, stage, m)
             self._stage_pending = False
-        self._run_checks()
+            self._run_checks()
 
     def _copy_on_device(self, dst: CudaBuffer, dst_off: int, src: CudaBuffer, src_off: int, nbytes: int) -> None:
         if nbytes <= 0 or (dst is src and dst_off == src_off):
@@ -219,8 +237,9 @@ class CudaDevice(Device):
             self._copy_on_device(dst, dst_off, tmp.handle, 0, nbytes)
             return
         self.activate()
-        cuda.check(cuda.lib.cuMemcpyDtoDAsync_v2(dst.ptr + dst_off, src.ptr + src_off, nbytes, self._stream),
-                   f"cuMemcpyDtoDAsync({nbytes} bytes on {self.name})")
+        with self.stream_lock:
+            cuda.check(cuda.lib.cuMemcpyDtoDAsync_v2(dst.ptr + dst_off, src.ptr + src_off, nbytes, self._stream),
+                       f"cuMemcpyDtoDAsync({nbytes} bytes on {self.name})")
 
     def fill_bytes(self, handle: CudaBuffer, byte_offset: int, pattern: bytes, nbytes: int) -> None:
         """Repeat `pattern` (1, 2, 4 or 8 bytes) over nbytes at byte_offset (both multiples of its size)."""
@@ -231,26 +250,25 @@ class CudaDevice(Device):
         size = len(pattern)
         if size == 8 and pattern[:4] == pattern[4:]:
             pattern, size = pattern[:4], 4
-        if size == 1:
-            cuda.check(cuda.lib.cuMemsetD8Async(dst, pattern[0], nbytes, self._stream), "cuMemsetD8Async")
-        elif size == 2:
-            cuda.check(cuda.lib.cuMemsetD16Async(dst, int.from_bytes(pattern, "little"), nbytes // 2, self._stream),
-                       "cuMemsetD16Async")
-        elif size == 4:
-            cuda.check(cuda.lib.cuMemsetD32Async(dst, int.from_bytes(pattern, "little"), nbytes // 4, self._stream),
-                       "cuMemsetD32Async")
+        if size in (1, 2, 4):
+            value = int.from_bytes(pattern, "little")
+            memset = {1: cuda.lib.cuMemsetD8Async, 2: cuda.lib.cuMemsetD16Async, 4: cuda.lib.cuMemsetD32Async}[size]
+            with self.stream_lock:
+                cuda.check(memset(dst, value, nbytes // size, self._stream), f"cuMemsetD{8 * size}Async")
         else:  # 8-byte values: the shared fill kernel
             n = nbytes // 8
             self.launch(self.kernel("mem:fill:8", "sg_fill_8_c"), n, (I64(n), handle.arg, I64(byte_offset // 8),
                                                                       pattern))
 
     def scratch(self, name: str, nbytes: int) -> Buffer:
-        """A small buffer the device keeps for flags and counters (a fresh one while capturing: see `capture`)."""
+        """A small buffer the device keeps for flags and counters, one per thread (two threads counting at once must
+        not share a counter); a fresh one while capturing (see `capture`)."""
         if self.capturing:
             return self.alloc(nbytes)
-        buf = self._scratch.get(name)
+        key = (name, threading.get_ident())
+        buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._scratch[name] = self.alloc(nbytes)
+            buf = self._scratch[key] = self.alloc(nbytes)
         return buf
 
     def empty_cache(self) -> None:
@@ -269,8 +287,9 @@ class CudaDevice(Device):
         if self.capturing:
             raise RuntimeError(f"{self.name}: synchronize() inside a captured CUDA graph")
         self.activate()
-        self._sync_stream()
-        self._run_checks()
+        with self.stream_lock:
+            self._sync_stream()
+            self._run_checks()
 
     def description(self) -> str:
         i = self.info
@@ -339,7 +358,7 @@ class CudaDevice(Device):
     def _launch(self, kernel, grid: tuple, block: tuple, args) -> None:
         buf, shared = self._pack(args)
         self.activate()
-        with self._launch_lock:
+        with self.stream_lock:  # the launch-parameter block is shared too
             self._extra_size[0] = len(buf)
             keep = ffi.from_buffer(buf)
             self._extra[1] = keep
@@ -443,11 +462,13 @@ class CudaDevice(Device):
         SINGA_CUDA_GRAPHS=0, or when the work cannot be captured: the caller then replays in Python)."""
         if os.environ.get("SINGA_CUDA_GRAPHS", "").strip() == "0":
             return None
+        with self.stream_lock:  # no other thread's work may enter the graph
+            return self._capture(run)
+
+    def _capture(self, run):
         self.synchronize()
-        own_pool = MemoryPool(self._raw_alloc, self._raw_free)
-        main_pool = self._main_pool = self.pool
-        self.pool = own_pool
-        self.capturing = True
+        own_pool = self._capture_pool = MemoryPool(self._raw_alloc, self._raw_free)
+        self._capture_owner = threading.get_ident()
         self._capture_keep, self._capture_checks = [], []
         graph = ffi.new("CUgraph *")
         try:
@@ -464,8 +485,7 @@ class CudaDevice(Device):
             self.capture_error = f"{type(exc).__name__}: {exc}"
             return None
         finally:
-            self.capturing = False
-            self.pool = main_pool
+            self._capture_owner = self._capture_pool = None
         exe = ffi.new("CUgraphExec *")
         cuda.check(cuda.lib.cuGraphInstantiateWithFlags(exe, graph[0], 0), "cuGraphInstantiate")
         for check in self._capture_checks:  # flags start clear, outside the graph
@@ -481,40 +501,56 @@ class CudaDevice(Device):
             flag = self.persistent_alloc(4)
             self._capture_checks.append(_Check(self, flag, error))
             return flag
-        if len(self._flag_checks) == FLAG_SLOTS:
+        mine = self._thread_checks()
+        if len(mine.errors) == FLAG_SLOTS:
             self.synchronize()  # reports and frees every slot
-        if self._flags is None:
-            self._flags = self.alloc(4 * FLAG_SLOTS)
-        slot = len(self._flag_checks)
-        handle = CudaBuffer(self._flags.handle.ptr + 4 * slot, 4)
+        if mine.flags is None:
+            mine.flags = self.alloc(4 * FLAG_SLOTS)
+        handle = CudaBuffer(mine.flags.handle.ptr + 4 * len(mine.errors), 4)
         self.fill_bytes(handle, 0, _CLEAR_BYTES, 4)
-        self._flag_checks.append(error)
+        mine.errors.append(error)
         return _Slot(handle)
+
+    def _thread_checks(self) -> _ThreadChecks:
+        """The calling thread's pending checks: its flag slots and the graphs it launched."""
+        mine = getattr(self._checks, "mine", None)
+        if mine is None:
+            mine = self._checks.mine = _ThreadChecks()
+        return mine
 
     def persistent_alloc(self, nbytes: int) -> Buffer:
         """A block from the device's own pool even while capturing (memory that outlives the captured work)."""
-        if not self.capturing:
-            return self.alloc(nbytes)
-        pool, self.pool = self.pool, self._main_pool
-        try:
-            return self.alloc(nbytes)
-        finally:
-            self.pool = pool
+        return super().alloc(nbytes)
 
     def _run_checks(self) -> None:
-        """After a synchronisation: report the first failed check (eager flags, then those of graphs launched)."""
-        eager, self._flag_checks = self._flag_checks, []
+        """After a synchronisation: report the calling thread's first failed check (eager flags, then those of the
+        graphs it launched)."""
+        mine = self._thread_checks()
+        eager, mine.errors = mine.errors, []
         if eager:
             flags = np.empty(len(eager), np.int32)
-            cuda.check(cuda.lib.cuMemcpyDtoH_v2(ffi.from_buffer(flags, require_writable=True), self._flags.handle.ptr,
+            cuda.check(cuda.lib.cuMemcpyDtoH_v2(ffi.from_buffer(flags, require_writable=True), mine.flags.handle.ptr,
                                                 flags.nbytes), "cuMemcpyDtoH (check flags)")
             for pos, error in zip(flags.tolist(), eager):
                 if pos != _CLEAR:
-                    self._pending_checks = {}
+                    mine.graphs = {}
                     raise error(pos)
-        pending, self._pending_checks = self._pending_checks, {}
+        pending, mine.graphs = mine.graphs, {}
         for check in pending.values():
             check.verify()
+
+
+class _ThreadChecks:
+    """One thread's checks in flight: `errors[i]` builds the error of flag slot i of `flags` (FLAG_SLOTS int32s,
+    read back in one copy); `graphs` holds the checks of the captured graphs launched since its last
+    synchronisation."""
+
+    __slots__ = ("flags", "errors", "graphs")
+
+    def __init__(self):
+        self.flags: Buffer | None = None
+        self.errors: list = []
+        self.graphs: dict[int, _Check] = {}
 
 
 class _Pinned:
@@ -566,10 +602,12 @@ class _CapturedStep:
     def launch(self) -> None:
         dev = self.dev
         dev.activate()
-        cuda.check(cuda.lib.cuGraphLaunch(self.exe, dev._stream), "cuGraphLaunch")
+        with dev.stream_lock:
+            cuda.check(cuda.lib.cuGraphLaunch(self.exe, dev._stream), "cuGraphLaunch")
         dev._recent.append("a captured step (CUDA graph)")
+        graphs = dev._thread_checks().graphs
         for check in self.checks:
-            dev._pending_checks[id(check)] = check
+            graphs[id(check)] = check
 
     def __del__(self):
         try:

@@ -151,6 +151,14 @@ class Plan:
 
     # -- the calls (recorded with graph.external; views in, views out) -------------------------------------------------
     def forward(self, x, hx, cx, ws, y, hy, cy, work, reserve, training: bool) -> None:
+        with self.dev.stream_lock:  # see CudaDevice: a capture in another thread must not record this
+            self._forward(x, hx, cx, ws, y, hy, cy, work, reserve, training)
+
+    def backward(self, y, dy, dhy, dcy, hx, cx, ws, x, dx, dhx, dcx, dws, work, reserve) -> None:
+        with self.dev.stream_lock:
+            self._backward(y, dy, dhy, dcy, hx, cx, ws, x, dx, dhx, dcx, dws, work, reserve)
+
+    def _forward(self, x, hx, cx, ws, y, hy, cy, work, reserve, training: bool) -> None:
         lc = self.spec.mode == "lstm"
         check(cudnn.get().cudnnRNNForward(
             self.dev.dnn().handle, self.rnn, FWD_TRAINING if training else FWD_INFERENCE, self.lengths.handle.ptr,
@@ -160,7 +168,7 @@ class Plan:
             self.reserve_bytes if training else 0, _ptr(reserve) if training else 0),
             f"cudnnRNNForward({self.spec.mode}, T={self.T}, B={self.B})")
 
-    def backward(self, y, dy, dhy, dcy, hx, cx, ws, x, dx, dhx, dcx, dws, work, reserve) -> None:
+    def _backward(self, y, dy, dhy, dcy, hx, cx, ws, x, dx, dhx, dcx, dws, work, reserve) -> None:
         lib, handle = cudnn.get(), self.dev.dnn().handle
         lc = self.spec.mode == "lstm"
         check(lib.cudnnRNNBackwardData_v8(

@@ -44,11 +44,12 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
         return
     blas = dev.blas()
     name = SUFFIX[a.dtype]
-    if batch > 1 and ba == batch and bb == 1 and not ta:  # a stack of row-major matrices times one: one product
-        blas.gemm(name, ta, tb, batch * m, n, k, alpha, _ptr(a), 0, _ptr(b), 0, beta, _ptr(out), 1)
-        return
-    blas.gemm(name, ta, tb, m, n, k, alpha, _ptr(a), 0 if ba == 1 else m * k, _ptr(b), 0 if bb == 1 else k * n, beta,
-              _ptr(out), batch)
+    with dev.stream_lock:
+        if batch > 1 and ba == batch and bb == 1 and not ta:  # a stack of row-major matrices times one: one product
+            blas.gemm(name, ta, tb, batch * m, n, k, alpha, _ptr(a), 0, _ptr(b), 0, beta, _ptr(out), 1)
+        else:
+            blas.gemm(name, ta, tb, m, n, k, alpha, _ptr(a), 0 if ba == 1 else m * k, _ptr(b),
+                      0 if bb == 1 else k * n, beta, _ptr(out), batch)
 
 
 # -- convolution --------------------------------------------------------------------------------------------------
@@ -116,13 +117,20 @@ class _Conv:
         plan, new = dev.conv_plan(key, lambda: cudnn.Plan(dt, direction, self.xp_shape, self.w_shape, self.y_shape,
                                                           self.pad, (g.sh, g.sw), (g.dh, g.dw), g.G, dev.tf32))
         handle = dev.dnn().handle
-        if new:
-            limit = dev.find_limit()
-            scratch = dev.alloc(max(limit, 1))
-            plan.find(handle, _ptr(x), _ptr(w), _ptr(y), scratch.handle.ptr, limit)
-            del scratch
-        space = dev.workspace(plan.workspace)
-        plan.run(handle, _ptr(x), _ptr(w), _ptr(y), space.handle.ptr)
+        with dev.stream_lock:
+            if new:
+                limit = dev.find_limit()
+                scratch = dev.alloc(max(limit, 1))
+                plan.find(handle, _ptr(x), _ptr(w), _ptr(y), scratch.handle.ptr, limit)
+                del scratch
+            while True:
+                space = dev.workspace(plan.workspace)
+                try:
+                    plan.run(handle, _ptr(x), _ptr(w), _ptr(y), space.handle.ptr)
+                    return
+                except cudnn.CudnnError as e:
+                    if not plan.drop(e):
+                        raise
 
 
 def _add_bias(out, b) -> None:

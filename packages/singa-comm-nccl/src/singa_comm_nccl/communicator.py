@@ -12,6 +12,7 @@ The NCCL rank is the MPI rank; rank 0 makes the unique id and MPI broadcasts it,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -63,24 +64,33 @@ class NcclCommunicator(Communicator):
     def _stream(self):
         return ffi.cast("cudaStream_t", self.device.stream)
 
+    def _enqueue(self):
+        """The device's lock on its stream where it has one (the CUDA backend's `stream_lock`): a CUDA Graph capture
+        in another thread must not record this thread's collective."""
+        return getattr(self.device, "stream_lock", None) or contextlib.nullcontext()
+
     def _call(self, code: int, what: str) -> None:
         nccl.check(code, f"{what} (rank {self.rank} of {self.world_size} on {self.device.name})", self._comm)
 
     # -- the collectives -------------------------------------------------------------------------------------------
     def _all_reduce(self, x) -> None:
         p = self._ptr(x)
-        self._call(nccl.lib.ncclAllReduce(p, p, numel(x.shape), nccl.DTYPES[x.dtype], nccl.SUM, self._comm,
-                                          self._stream()), "ncclAllReduce")
+        with self._enqueue():
+            self._call(nccl.lib.ncclAllReduce(p, p, numel(x.shape), nccl.DTYPES[x.dtype], nccl.SUM, self._comm,
+                                              self._stream()), "ncclAllReduce")
 
     def _broadcast(self, x, root: int) -> None:
         p = self._ptr(x)
         nbytes = numel(x.shape) * dtypes.itemsize(x.dtype)
-        self._call(nccl.lib.ncclBroadcast(p, p, nbytes, nccl.UINT8, root, self._comm, self._stream()), "ncclBroadcast")
+        with self._enqueue():
+            self._call(nccl.lib.ncclBroadcast(p, p, nbytes, nccl.UINT8, root, self._comm, self._stream()),
+                       "ncclBroadcast")
 
     def _all_gather(self, out, x) -> None:
         nbytes = numel(x.shape) * dtypes.itemsize(x.dtype)
-        self._call(nccl.lib.ncclAllGather(self._ptr(x), self._ptr(out), nbytes, nccl.UINT8, self._comm,
-                                          self._stream()), "ncclAllGather")
+        with self._enqueue():
+            self._call(nccl.lib.ncclAllGather(self._ptr(x), self._ptr(out), nbytes, nccl.UINT8, self._comm,
+                                              self._stream()), "ncclAllGather")
 
     def barrier(self) -> None:
         self.all_reduce(self._flag)

@@ -1,7 +1,9 @@
 """SINGA's device functions, resolved through the installed backend plugins.
 
 `SINGA_DEVICE` (`cpu`, `cuda`, `cuda:1`, `opencl:0`, or a plugin's own name) chooses what `get_default_device()`
-returns; unset, it is the CPU backend. Devices are created once per (backend, index) and shared.
+returns; unset, it is the CPU backend, or where that is not installed (`pip install singa-core singa-backend-cuda`)
+the first device of the first installed backend that has one. Devices are created once per (backend, index) and
+shared.
 """
 
 from __future__ import annotations
@@ -43,22 +45,33 @@ def get_device(spec: str) -> Device:
         backend = plugins.get_backend(name)
         count = backend.device_count()
         if count == 0:
-            raise RuntimeError(f"backend {name!r} is installed but found no device on this machine "
-                               f"(`python -m singa info` says why)")
+            why = backend.info().get("status")  # e.g. no driver, no OpenCL platform
+            raise RuntimeError(f"backend {name!r} is installed but has 0 device(s) on this machine: "
+                               + (why or "`python -m singa info` may say why"))
         if not 0 <= index < count:
-            why = backend.info().get("status") if count == 0 else None  # e.g. no driver, no OpenCL platform
-            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range"
-                               + (f" ({why})" if why else ""))
+            raise RuntimeError(f"backend {name!r} has {count} device(s); index {index} is out of range")
         dev = backend.create_device(index)
         _devices[key] = dev
     return dev
 
 
 def get_default_device() -> Device:
+    """The device named by `SINGA_DEVICE`; unset, the CPU, or the first device there is without a CPU backend."""
     global _default
     if _default is None:
-        _default = get_device(os.environ.get("SINGA_DEVICE", "").strip() or "cpu")
+        _default = get_device(os.environ.get("SINGA_DEVICE", "").strip() or _unset_default_spec())
     return _default
+
+
+def _unset_default_spec() -> str:
+    reg = plugins.registry()
+    backends = reg.backends
+    if "cpu" in backends or any(f.name == "cpu" for f in reg.failures):
+        return "cpu"  # a CPU backend that failed to load is an error to show, not to route around
+    for name in ("cuda", "opencl", *sorted(backends)):  # SINGA's order of preference, then any plugin's
+        if name in backends and backends[name].device_count() > 0:
+            return name
+    return "cpu"  # nothing usable: get_device says what to install
 
 
 def set_default_device(dev: Device | str) -> Device:

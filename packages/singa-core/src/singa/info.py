@@ -243,7 +243,9 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
         add(f"Host fallback: error in the setting: {fb['error']}")
     add("")
     d = rep["default_device"]
-    how = f"SINGA_DEVICE={d['SINGA_DEVICE']}" if d["SINGA_DEVICE"] else "SINGA_DEVICE unset, so cpu"
+    how = (f"SINGA_DEVICE={d['SINGA_DEVICE']}" if d["SINGA_DEVICE"]
+           else "SINGA_DEVICE unset, so cpu" + ("" if "cpu" in plugins.registry().backends
+                                                 else ", or the first device where cpu is not installed"))
     if d["error"] is None:
         add(f"Default device: {d['device']} ({how})")
     else:
