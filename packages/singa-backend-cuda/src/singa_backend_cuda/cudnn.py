@@ -224,7 +224,11 @@ class Plan:
         self.algo = None
         self.workspace = 0
         self.candidates: list[tuple[int, int, int]] = []  # (algo, workspace bytes, math type), best first
-        self.exact = dtype == "float64" or (dtype == "float32" and not tf32)
+        # float64, and float32 without TF32: no reduced-precision (tensor-op) variant; with SINGA_CUDNN_EXACT=1 also
+        # only the algorithms that sum the products directly (no Winograd or FFT), whose float32 results follow the
+        # CPU backend's most closely
+        self.full_precision = dtype == "float64" or (dtype == "float32" and not tf32)
+        self.exact = self.full_precision and os.environ.get("SINGA_CUDNN_EXACT", "").strip() == "1"
         self.scalar = "double *" if dtype == "float64" else "float *"
 
     def find(self, handle, x: int, w: int, y: int, workspace: int, limit: int) -> None:
@@ -244,8 +248,10 @@ class Plan:
                                                                        self.w, w, 16, count, perf, workspace, limit)
         check(status, f"cudnnFindConvolution({self.direction}, {self.dtype})")
         usable = [perf[i] for i in range(count[0]) if perf[i].status == 0 and perf[i].memory <= limit]
-        if self.exact:  # plain sums of products, and no tensor-op (reduced precision) variant of them
-            usable = [p for p in usable if p.algo in EXACT[self.direction] and p.mathType != TENSOR_OP_MATH] or usable
+        if self.full_precision:
+            usable = [p for p in usable if p.mathType != TENSOR_OP_MATH] or usable
+        if self.exact:
+            usable = [p for p in usable if p.algo in EXACT[self.direction]] or usable
         if os.environ.get("SINGA_CUDNN_DETERMINISTIC", "").strip() != "0":
             usable = [p for p in usable if p.determinism == DETERMINISTIC] or usable
         if not usable:
