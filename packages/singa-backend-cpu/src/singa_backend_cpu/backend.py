@@ -11,19 +11,9 @@ from singa_backend_cpu import isa
 from singa_backend_cpu.device import VECTOR_PATH, CpuDevice, ffi, lib
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("singa-backend-cpu")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
 class CpuBackend(Backend):
     name = "cpu"
     distribution = "singa-backend-cpu"
-    version = _version()
 
     def device_count(self) -> int:
         return 1

@@ -12,19 +12,9 @@ from singa.backend import Backend
 from singa_backend_cuda import build, cuda, libs
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("singa-backend-cuda")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
 class CudaBackend(Backend):
     name = "cuda"
     distribution = "singa-backend-cuda"
-    version = _version()
 
     def __init__(self):
         self._infos = None

@@ -13,23 +13,12 @@ import os
 from singa.backend import Backend
 from singa_backend_opencl import build, cl, clblast
 
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("singa-backend-opencl")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
 _ORDER = {"GPU": 0, "accelerator": 1, "device": 2, "CPU": 3}
 
 
 class OpenclBackend(Backend):
     name = "opencl"
     distribution = "singa-backend-opencl"
-    version = _version()
 
     def __init__(self):
         self._infos = None

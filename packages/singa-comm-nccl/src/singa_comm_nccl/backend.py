@@ -15,15 +15,6 @@ from singa.communicator import NATIVE, CommunicatorError, CommunicatorFactory, W
 from singa_comm_nccl import nccl
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("singa-comm-nccl")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
 class NcclIdHolder:
     """SINGA's `NcclIdHolder`: a fresh NCCL unique id (`.id`, 128 bytes) for `DistOpt(nccl_id=...)`, to hand to
     every process of a launch without MPI (it pickles, for multiprocessing)."""
@@ -40,7 +31,6 @@ class NcclIdHolder:
 class NcclFactory(CommunicatorFactory):
     name = "nccl"
     distribution = "singa-comm-nccl"
-    version = _version()
 
     def status(self) -> str | None:
         if nccl.lib is None:

@@ -16,6 +16,7 @@ Kernels never see a Tensor's Python API, only objects with the *view* attributes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -475,17 +476,35 @@ def _span(view) -> tuple[int, int]:
     return lo, hi + 1
 
 
+class DistributionVersion:
+    """The `version` of a plugin class: the installed version of its `distribution` ("0+unknown" when it runs from
+    a source tree without metadata). A plugin may set `version` itself instead."""
+
+    def __get__(self, obj: Any, owner: type) -> str:
+        return _distribution_version(owner.distribution)
+
+
+@functools.cache
+def _distribution_version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except (PackageNotFoundError, ValueError):
+        return "0+unknown"
+
+
 class Backend:
     """What a `singa.backends` plugin returns from its `singa_backend` hook.
 
     name          the name users select with SINGA_DEVICE ("cpu", "cuda", "opencl", or a plugin's own)
     distribution  the pip distribution that provides it, for error messages and `python -m singa info`
-    version       that distribution's version
+    version       that distribution's version (found from `distribution` unless the plugin sets it)
     """
 
     name: str = "?"
     distribution: str = "?"
-    version: str = "0"
+    version = DistributionVersion()
 
     def device_count(self) -> int:
         return 1

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from singa import dtypes
-from singa.backend import Device, is_contiguous, numel
+from singa.backend import Device, DistributionVersion, is_contiguous, numel
 
 __all__ = ["World", "CommunicatorError", "CommunicatorFactory", "Communicator", "select", "factories", "NATIVE",
            "STAGED", "DEFAULT_TIMEOUT", "timeout_seconds", "select_sparse"]
@@ -74,12 +74,12 @@ class CommunicatorFactory:
 
     name          the name DistOpt(communicator=...) and `python -m singa info` use ("mpi", "nccl")
     distribution  the pip distribution that provides it
-    version       that distribution's version
+    version       that distribution's version (found from `distribution` unless the plugin sets it)
     """
 
     name: str = "?"
     distribution: str = "?"
-    version: str = "0"
+    version = DistributionVersion()
 
     def status(self) -> str | None:
         """None when usable on this machine, else why not (a missing library, no device...)."""
