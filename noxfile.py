@@ -108,13 +108,13 @@ def install_cuda_for_tests(session: nox.Session) -> None:
     session.install(*CUDA_TEST_REQUIREMENTS)
 
 
-def _pytest(session: nox.Session, *args: str) -> bool:
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> bool:
     """One pytest run; False when it failed (the caller goes on, so that one log shows every failing group)."""
     # With -k or similar from the command line, a run may legitimately select nothing (pytest exit code 5).
     codes = [0, 5] if session.posargs else [0]
     try:
         session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args, *session.posargs,
-                    success_codes=codes)
+                    success_codes=codes, env=env)
     except CommandFailed:
         return False
     return True
@@ -140,6 +140,11 @@ def tests(session: nox.Session) -> None:
     # Without --singa-device the suite is parametrised over every device of every installed backend.
     if not _pytest(session, "--pyargs", "singa.testing.conformance"):
         failed.append("singa.testing.conformance")
+    # The CPU backend picks oneDNN or its own kernel per convolution shape by timing them (SINGA_ONEDNN=auto): the
+    # suite's convolutions once more with oneDNN forced, so that both providers are checked whatever the timing.
+    if not _pytest(session, "--pyargs", "singa.testing.conformance", "--singa-device", "cpu", "-k", "conv",
+                   env={"SINGA_ONEDNN": "1"}):
+        failed.append("singa.testing.conformance (cpu, SINGA_ONEDNN=1)")
     if failed:
         session.error("tests failed in: " + ", ".join(failed))
 

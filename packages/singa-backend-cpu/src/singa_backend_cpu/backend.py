@@ -7,7 +7,7 @@ import os
 import scipy_openblas32
 
 from singa.backend import Backend
-from singa_backend_cpu import isa
+from singa_backend_cpu import isa, onednn
 from singa_backend_cpu.device import VECTOR_PATH, CpuDevice, ffi, lib
 
 
@@ -31,6 +31,7 @@ class CpuBackend(Backend):
                        f"OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
             "vector path": _vector_path(),
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
+            "onednn": onednn.status(),
         }
 
 

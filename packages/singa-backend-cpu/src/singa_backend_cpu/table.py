@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
+from singa_backend_cpu import onednn
 from singa_backend_cpu.device import ffi, lib
 
 F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
@@ -190,9 +191,17 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
 # -- convolution and pooling --------------------------------------------------------------------------------------
 
 
-def _conv_geometry(name: str, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views) -> object:
-    g = kernel_checks.ConvGeometry("cpu", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views)
-    return ffi.new("int64_t[]", g.as_list())
+def _conv_geometry(name: str, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views):
+    return kernel_checks.ConvGeometry("cpu", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views)
+
+
+def _address(v) -> int:
+    """The address of a contiguous view's first element (oneDNN takes plain pointers)."""
+    return int(ffi.cast("uintptr_t", v.buffer.handle)) + v.offset * ITEMSIZE[v.dtype]
+
+
+# float32 convolutions go through onednn.conv, which runs oneDNN where it is installed and wins for the shape, and
+# the C kernel (`ours`) otherwise; other dtypes always run the C kernel.
 
 
 def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
@@ -200,11 +209,19 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
     if x.dtype not in FLOATS or w.dtype != x.dtype or out.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         raise _dtype_error("conv2d", views, FLOATS)
     x, w, b = _contiguous(x), _contiguous(w), _contiguous(b)
-    geom = _conv_geometry("conv2d", x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
-    bh, bo = (b.buffer.handle, b.offset) if b is not None else (_NULL, 0)
-    status = lib.sg_conv2d(x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset, bh, bo, out.buffer.handle,
-                           out.offset, geom)
-    _check(status, "conv2d", views)
+    g = _conv_geometry("conv2d", x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
+
+    def ours() -> None:
+        bh, bo = (b.buffer.handle, b.offset) if b is not None else (_NULL, 0)
+        status = lib.sg_conv2d(x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset, bh, bo,
+                               out.buffer.handle, out.offset, ffi.new("int64_t[]", g.as_list()))
+        _check(status, "conv2d", views)
+
+    if x.dtype != F32 or out.strides != _layout(out.shape)[0]:
+        ours()
+        return
+    operands = (out, x, w) if b is None else (out, x, w, b)
+    onednn.conv("conv2d", g, views, [_address(v) for v in operands], ours)
 
 
 def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
@@ -212,11 +229,17 @@ def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     if dy.dtype not in FLOATS or w.dtype != dy.dtype or dx.dtype != dy.dtype:
         raise _dtype_error("conv2d_backward_data", views, FLOATS)
     dy, w = _contiguous(dy), _contiguous(w)
-    geom = _conv_geometry("conv2d_backward_data", dx.shape, w.shape, dy.shape, stride, padding, dilation, groups,
-                          views)
-    status = lib.sg_conv2d_backward_data(dy.dtype, dy.buffer.handle, dy.offset, w.buffer.handle, w.offset,
-                                         dx.buffer.handle, dx.offset, geom)
-    _check(status, "conv2d_backward_data", views)
+    g = _conv_geometry("conv2d_backward_data", dx.shape, w.shape, dy.shape, stride, padding, dilation, groups, views)
+
+    def ours() -> None:
+        status = lib.sg_conv2d_backward_data(dy.dtype, dy.buffer.handle, dy.offset, w.buffer.handle, w.offset,
+                                             dx.buffer.handle, dx.offset, ffi.new("int64_t[]", g.as_list()))
+        _check(status, "conv2d_backward_data", views)
+
+    if dy.dtype != F32 or dx.strides != _layout(dx.shape)[0]:
+        ours()
+        return
+    onednn.conv("conv2d_backward_data", g, views, [_address(v) for v in (dx, dy, w)], ours)
 
 
 def _conv2d_backward_weight(dw, dy, x, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
@@ -224,11 +247,18 @@ def _conv2d_backward_weight(dw, dy, x, stride=(1, 1), padding=(0, 0, 0, 0), dila
     if dy.dtype not in FLOATS or x.dtype != dy.dtype or dw.dtype != dy.dtype:
         raise _dtype_error("conv2d_backward_weight", views, FLOATS)
     dy, x = _contiguous(dy), _contiguous(x)
-    geom = _conv_geometry("conv2d_backward_weight", x.shape, dw.shape, dy.shape, stride, padding, dilation, groups,
-                          views)
-    status = lib.sg_conv2d_backward_weight(dy.dtype, dy.buffer.handle, dy.offset, x.buffer.handle, x.offset,
-                                           dw.buffer.handle, dw.offset, geom)
-    _check(status, "conv2d_backward_weight", views)
+    g = _conv_geometry("conv2d_backward_weight", x.shape, dw.shape, dy.shape, stride, padding, dilation, groups,
+                       views)
+
+    def ours() -> None:
+        status = lib.sg_conv2d_backward_weight(dy.dtype, dy.buffer.handle, dy.offset, x.buffer.handle, x.offset,
+                                               dw.buffer.handle, dw.offset, ffi.new("int64_t[]", g.as_list()))
+        _check(status, "conv2d_backward_weight", views)
+
+    if dy.dtype != F32 or dw.strides != _layout(dw.shape)[0]:
+        ours()
+        return
+    onednn.conv("conv2d_backward_weight", g, views, [_address(v) for v in (dw, dy, x)], ours)
 
 
 def _pool_geometry(name, x_shape, y_shape, kernel, stride, padding, dilation, mode, views):

@@ -1,0 +1,108 @@
+"""Dense 2-D convolution (forward and both gradients) on layers of ResNet, VGG and MobileNet: GFLOP/s beside PyTorch.
+
+On the CPU backend these run through oneDNN where it is installed and faster for the shape (SINGA_ONEDNN=auto), else
+through the backend's own kernels; the table's notes say which ran each layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import benchlib
+from benchlib import Table, torch
+from singa import ops
+
+# label, batch, (C, H, W), K, kernel, stride, padding
+CASES = [
+    ("ResNet-18 conv2_x 3x3", 32, (64, 56, 56), 64, 3, 1, 1),
+    ("ResNet-18 conv3_x 3x3 s2", 32, (64, 56, 56), 128, 3, 2, 1),
+    ("ResNet-18 conv4_x 3x3", 32, (256, 14, 14), 256, 3, 1, 1),
+    ("ResNet-50 1x1 expand", 32, (64, 56, 56), 256, 1, 1, 0),
+    ("ResNet CIFAR 3x3", 32, (64, 32, 32), 64, 3, 1, 1),
+    ("VGG-16 conv3 3x3", 8, (256, 56, 56), 256, 3, 1, 1),
+    ("MobileNet pointwise 1x1", 32, (128, 28, 28), 256, 1, 1, 0),
+    ("first layer 3->64 3x3", 32, (3, 32, 32), 64, 3, 1, 1),
+]
+QUICK_CASES = [0, 4, 7]
+
+
+def _gflops(label_flops: float, ms: float | None) -> float | None:
+    return None if ms is None or ms <= 0 else label_flops / (ms * 1e-3) / 1e9
+
+
+def _case(dev, rng, case: tuple, repeat: int) -> list[list]:
+    label, n, (c, h, w), k, kk, s, p = case
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((k, c, kk, kk)) / np.sqrt(c * kk * kk)).astype(np.float32)
+    tx, tw = ops.from_numpy(x, dev), ops.from_numpy(wt, dev)
+    kw = {"stride": s, "padding": p}
+    y = ops.conv2d(tx, tw, None, **kw)
+    oh, ow = y.shape[2], y.shape[3]
+    flops = 2.0 * n * k * oh * ow * c * kk * kk  # the same for each of the three passes
+    dy_np = rng.standard_normal(y.shape).astype(np.float32)
+    dy = ops.from_numpy(dy_np, dev)
+    singa = {
+        "forward": lambda: ops.conv2d(tx, tw, None, **kw),
+        "backward data": lambda: ops.conv2d_backward_data(dy, tw, x.shape, **kw),
+        "backward weight": lambda: ops.conv2d_backward_weight(dy, tx, wt.shape, **kw),
+    }
+    tfn = {}
+    if torch is not None:
+        t, twt, tdy = (torch.from_numpy(a) for a in (x, wt, dy_np))
+
+        def grads(mask):
+            return torch.ops.aten.convolution_backward(tdy, t, twt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1,
+                                                       mask)
+
+        tfn["forward"] = lambda: torch.nn.functional.conv2d(t, twt, None, s, p)
+        tfn["backward data"] = lambda: grads([True, False, False])[0]
+        tfn["backward weight"] = lambda: grads([False, True, False])[1]
+        with torch.no_grad():
+            for what in singa:
+                got, want = ops.to_numpy(singa[what]()), tfn[what]().numpy()
+                if not np.allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, float(np.max(np.abs(want))))):
+                    raise AssertionError(f"{label} {what}: singa disagrees with torch "
+                                         f"(max abs diff {np.max(np.abs(got - want)):.3g})")
+    rows = []
+    for row in benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat):
+        _, shape, what, ms, tms, _ = row
+        g, tg = _gflops(flops, ms), _gflops(flops, tms)
+        rows.append([label, shape, what, ms, g, tms, tg, benchlib.ratio(ms, tms)])
+    return rows
+
+
+def _providers() -> str:
+    try:
+        from singa_backend_cpu import onednn
+    except ImportError:
+        return "not the CPU backend"
+    ran = onednn.choices()
+    if not ran:
+        return onednn.status()
+    on = sorted({f"{k[0]}" for k, v in ran.items() if v})
+    off = sum(1 for v in ran.values() if not v)
+    return f"{onednn.status()}; oneDNN ran {', '.join(on) or 'none'}; own kernels kept for {off} (op, shape) pairs"
+
+
+def run(quick: bool = False) -> Table:
+    """Dense convolution forward, data gradient and weight gradient: singa vs torch, GFLOP/s."""
+    dev = benchlib.singa_device()
+    table = Table(title="Dense 2-D convolution, float32 NCHW (ms per call and GFLOP/s, higher is better)",
+                  script="bench_conv_layers.py",
+                  headers=["layer", "input", "pass", "singa ms", "singa GFLOP/s", "torch ms", "torch GFLOP/s",
+                           "singa/torch time"])
+    rng = np.random.default_rng(0)
+    for case in ([CASES[i] for i in QUICK_CASES] if quick else CASES):
+        table.rows += _case(dev, rng, case, 3 if quick else 6)
+    table.notes.append(
+        "2·N·K·OH·OW·C·kh·kw floating-point operations per pass. Best of several timed calls after two warm-ups; "
+        "torch runs `torch.nn.functional.conv2d` and `torch.ops.aten.convolution_backward` with one gradient asked "
+        "for at a time (its oneDNN path, NCHW in and out, like singa's). The last column is a ratio of times: below 1, "
+        "singa is faster.")
+    table.notes.append(f"Providers: {_providers()}.")
+    table.notes.append(benchlib.openmp_note())
+    return table
+
+
+if __name__ == "__main__":
+    benchlib.main(run)

@@ -1,0 +1,486 @@
+"""oneDNN as a kernel provider: float32 convolutions (forward and both gradients) through Intel's deep-learning
+kernel library, the one PyTorch and TensorFlow use on CPUs, where it beats the backend's own kernels.
+
+The library comes from the `onednn-cpu-gomp` wheel (x86-64 Linux only: a dependency with a platform marker) and is
+reached through cffi in ABI mode, so nothing here is compiled. It runs on GNU OpenMP, the runtime the backend's own
+kernels use: one thread pool in the process, sized by the same `set_num_threads`.
+
+`SINGA_ONEDNN` picks, read when a shape is first seen:
+  - `auto` (default): for each new shape, run both once more and keep the faster (measured once per process);
+  - `1`: oneDNN for everything it implements (results reproducible run to run);
+  - `0`: never (the backend's own kernels, as on machines without the wheel).
+
+Tensors stay plain NCHW for the rest of the backend. A plan (one per shape and thread) holds oneDNN's choice of
+blocked layouts for the operands, the reorders into and out of them, and the primitives; its temporary buffers live in
+one per-thread arena, reused by every plan, so memory grows with the largest convolution, not with their number.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.metadata
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+SETTING = "SINGA_ONEDNN"
+MODES = ("auto", "1", "0")
+DISTRIBUTION = "onednn-cpu-gomp"
+
+# The part of oneDNN 3's C API (oneapi/dnnl/dnnl.h) this module uses. Enumerations are ints: their values below are
+# from dnnl_types.h and fixed by oneDNN's ABI for every 3.x release.
+_CDEF = """
+typedef int dnnl_status_t;
+typedef int64_t dnnl_dims_t[12];
+typedef struct dnnl_engine *dnnl_engine_t;
+typedef struct dnnl_stream *dnnl_stream_t;
+typedef struct dnnl_memory_desc *dnnl_memory_desc_t;
+typedef const struct dnnl_memory_desc *const_dnnl_memory_desc_t;
+typedef struct dnnl_memory *dnnl_memory_t;
+typedef struct dnnl_primitive_desc *dnnl_primitive_desc_t;
+typedef struct dnnl_primitive *dnnl_primitive_t;
+typedef struct { int arg; dnnl_memory_t memory; } dnnl_exec_arg_t;
+typedef struct { int major; int minor; int patch; const char *hash; unsigned cpu_runtime; unsigned gpu_runtime; }
+    dnnl_version_t;
+
+const dnnl_version_t *dnnl_version(void);
+dnnl_status_t dnnl_engine_create(dnnl_engine_t *engine, int kind, size_t index);
+dnnl_status_t dnnl_stream_create(dnnl_stream_t *stream, dnnl_engine_t engine, unsigned flags);
+dnnl_status_t dnnl_stream_wait(dnnl_stream_t stream);
+dnnl_status_t dnnl_stream_destroy(dnnl_stream_t stream);
+dnnl_status_t dnnl_memory_desc_create_with_tag(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
+                                               int data_type, int tag);
+dnnl_status_t dnnl_memory_desc_destroy(dnnl_memory_desc_t md);
+int dnnl_memory_desc_equal(const_dnnl_memory_desc_t lhs, const_dnnl_memory_desc_t rhs);
+size_t dnnl_memory_desc_get_size(const_dnnl_memory_desc_t md);
+dnnl_status_t dnnl_memory_create(dnnl_memory_t *memory, const_dnnl_memory_desc_t md, dnnl_engine_t engine,
+                                 void *handle);
+dnnl_status_t dnnl_memory_set_data_handle(dnnl_memory_t memory, void *handle);
+dnnl_status_t dnnl_memory_destroy(dnnl_memory_t memory);
+dnnl_status_t dnnl_convolution_forward_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int prop_kind, int alg_kind, const_dnnl_memory_desc_t src,
+    const_dnnl_memory_desc_t weights, const_dnnl_memory_desc_t bias, const_dnnl_memory_desc_t dst,
+    const dnnl_dims_t strides, const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const void *attr);
+dnnl_status_t dnnl_convolution_backward_data_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t diff_src,
+    const_dnnl_memory_desc_t weights, const_dnnl_memory_desc_t diff_dst, const dnnl_dims_t strides,
+    const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const dnnl_primitive_desc_t hint_fwd_pd, const void *attr);
+dnnl_status_t dnnl_convolution_backward_weights_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t src,
+    const_dnnl_memory_desc_t diff_weights, const_dnnl_memory_desc_t diff_bias, const_dnnl_memory_desc_t diff_dst,
+    const dnnl_dims_t strides, const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const dnnl_primitive_desc_t hint_fwd_pd, const void *attr);
+dnnl_status_t dnnl_reorder_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, const_dnnl_memory_desc_t src, dnnl_engine_t src_engine,
+    const_dnnl_memory_desc_t dst, dnnl_engine_t dst_engine, const void *attr);
+const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const dnnl_primitive_desc_t pd, int what, int index);
+dnnl_status_t dnnl_primitive_desc_query(const dnnl_primitive_desc_t pd, int what, int index, void *result);
+dnnl_status_t dnnl_primitive_desc_destroy(dnnl_primitive_desc_t pd);
+dnnl_status_t dnnl_primitive_create(dnnl_primitive_t *primitive, const dnnl_primitive_desc_t pd);
+dnnl_status_t dnnl_primitive_execute(const dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
+                                     const dnnl_exec_arg_t *args);
+dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
+"""
+
+F32 = 3  # dnnl_f32
+TAG_ANY, TAG_A, TAG_ABCD, TAG_ABCDE = 1, 2, 5, 6
+FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
+CONVOLUTION_DIRECT = 1
+ENGINE_CPU, STREAM_DEFAULT = 1, 1
+Q_IMPL_INFO = 8
+Q_SRC, Q_DIFF_SRC, Q_WEIGHTS, Q_DIFF_WEIGHTS, Q_DST, Q_DIFF_DST = 129, 130, 131, 132, 133, 134
+ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 17, 33, 41
+ARG_DIFF_SRC, ARG_DIFF_DST, ARG_DIFF_WEIGHTS = 129, 145, 161
+_STATUS = {1: "out of memory", 2: "invalid arguments", 3: "unimplemented", 4: "iterator ends", 5: "runtime error",
+           6: "not required", 7: "invalid graph", 8: "invalid graph op", 9: "invalid shape", 10: "invalid data type"}
+_ALIGN = 64
+
+
+class OneDnnError(RuntimeError):
+    """A oneDNN call failed; the message names the call, the status and the operation."""
+
+
+def _find_library() -> str | None:
+    """libdnnl.so.3 from the onednn-cpu-gomp wheel (its files say where pip put it), else a system-wide oneDNN 3."""
+    try:
+        files = importlib.metadata.distribution(DISTRIBUTION).files or ()
+    except importlib.metadata.PackageNotFoundError:
+        files = ()
+    for f in files:
+        if f.name == "libdnnl.so.3":
+            path = os.path.realpath(f.locate())
+            if os.path.exists(path):
+                return path
+    return ctypes.util.find_library("dnnl")
+
+
+class _Library:
+    """The loaded library, its CPU engine and version (one per process)."""
+
+    def __init__(self) -> None:
+        import cffi
+
+        path = _find_library()
+        if path is None:
+            raise OSError(f"oneDNN is not installed (pip install {DISTRIBUTION}; x86-64 Linux only)")
+        self.path = path
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_CDEF)
+        self.lib = self.ffi.dlopen(path)
+        v = self.lib.dnnl_version()
+        self.version = (v.major, v.minor, v.patch)
+        if v.major != 3:
+            raise OSError(f"oneDNN {v.major}.{v.minor} at {path}: this backend speaks oneDNN 3's C API")
+        engine = self.ffi.new("dnnl_engine_t *")
+        self.check(self.lib.dnnl_engine_create(engine, ENGINE_CPU, 0), "dnnl_engine_create", "engine")
+        self.engine = engine[0]
+
+    def check(self, status: int, call: str, what: str) -> None:
+        if status:
+            raise OneDnnError(f"oneDNN {call} failed for {what}: {_STATUS.get(status, f'status {status}')}")
+
+
+_library: _Library | None = None
+_load_error: str | None = None
+_load_lock = threading.Lock()
+
+
+def library() -> _Library | None:
+    """The loaded library, or None where it cannot be loaded (`status()` says why)."""
+    global _library, _load_error
+    if _library is None and _load_error is None:
+        with _load_lock:
+            if _library is None and _load_error is None:
+                try:
+                    _library = _Library()
+                except (OSError, AttributeError) as e:
+                    _load_error = str(e)
+    return _library
+
+
+def mode() -> str:
+    """SINGA_ONEDNN's value ('auto' when unset); an unknown value is an error that names the variable."""
+    raw = os.environ.get(SETTING, "auto").strip().lower() or "auto"
+    aliases = {"on": "1", "true": "1", "yes": "1", "off": "0", "false": "0", "no": "0"}
+    value = aliases.get(raw, raw)
+    if value not in MODES:
+        raise ValueError(f"{SETTING}={raw!r}: expected auto, 1 or 0")
+    return value
+
+
+def status() -> str:
+    """One line for `python -m singa info`."""
+    lib = library()
+    if lib is None:
+        return f"not used: {_load_error}"
+    with _choice_lock:
+        used = sum(1 for c in _choices.values() if c)
+        total = len(_choices)
+    return (f"oneDNN {'.'.join(map(str, lib.version))} ({lib.path}); {SETTING}={mode()}; float32 convolutions; "
+            f"{used} of {total} shapes seen so far run on it")
+
+
+# -- plans --------------------------------------------------------------------------------------------------------
+
+
+class _Plan:
+    """The primitives of one operation on one shape: reorders in, the operation, reorders out.
+
+    `user` are the memory objects of the caller's tensors (their handles are set per call); `temps` the ones oneDNN
+    wants in another layout, placed in the thread's arena at `offsets` (total `arena_bytes`).
+    """
+
+    def __init__(self, lib: _Library, what: str) -> None:
+        self.lib, self.what = lib, what
+        self.keep: list[Any] = []  # descriptors, primitives and memories the plan owns
+        self.user: list[Any] = []
+        self.temps: list[Any] = []
+        self.offsets: list[int] = []
+        self.arena_bytes = 0
+        self.steps: list[tuple[Any, Any, int]] = []
+        self.impl = ""
+
+    # building
+
+    def md(self, dims, tag: int):
+        ffi, lib = self.lib.ffi, self.lib.lib
+        out = ffi.new("dnnl_memory_desc_t *")
+        d = ffi.new("dnnl_dims_t", list(dims))
+        self.lib.check(lib.dnnl_memory_desc_create_with_tag(out, len(dims), d, F32, tag),
+                       "dnnl_memory_desc_create_with_tag", self.what)
+        return ffi.gc(out[0], lib.dnnl_memory_desc_destroy)
+
+    def pd(self, create: Callable, *args):
+        ffi = self.lib.ffi
+        out = ffi.new("dnnl_primitive_desc_t *")
+        self.lib.check(create(out, *args), create.__name__, self.what)
+        return ffi.gc(out[0], self.lib.lib.dnnl_primitive_desc_destroy)
+
+    def _memory(self, md, handle=None):
+        ffi, lib = self.lib.ffi, self.lib.lib
+        out = ffi.new("dnnl_memory_t *")
+        self.lib.check(lib.dnnl_memory_create(out, md, self.lib.engine, ffi.NULL if handle is None else handle),
+                       "dnnl_memory_create", self.what)
+        mem = ffi.gc(out[0], lib.dnnl_memory_destroy)
+        self.keep.append(md)
+        return mem
+
+    def user_memory(self, md):
+        mem = self._memory(md)
+        self.user.append(mem)
+        return mem
+
+    def temp_memory(self, md):
+        mem = self._memory(md)
+        self.temps.append(mem)
+        self.offsets.append(self.arena_bytes)
+        size = int(self.lib.lib.dnnl_memory_desc_get_size(md))
+        self.arena_bytes += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+        return mem
+
+    def step(self, pd, args: list[tuple[int, Any]]) -> None:
+        ffi, lib = self.lib.ffi, self.lib.lib
+        prim = ffi.new("dnnl_primitive_t *")
+        self.lib.check(lib.dnnl_primitive_create(prim, pd), "dnnl_primitive_create", self.what)
+        arr = ffi.new("dnnl_exec_arg_t[]", len(args))
+        for i, (arg, mem) in enumerate(args):
+            arr[i].arg, arr[i].memory = arg, mem
+        self.keep.extend((pd, arr))
+        self.steps.append((ffi.gc(prim[0], lib.dnnl_primitive_destroy), arr, len(args)))
+
+    def reorder(self, src_mem, src_md, dst_mem, dst_md) -> None:
+        lib = self.lib
+        pd = self.pd(lib.lib.dnnl_reorder_primitive_desc_create, src_md, lib.engine, dst_md, lib.engine,
+                     lib.ffi.NULL)
+        self.step(pd, [(ARG_SRC, src_mem), (ARG_DST, dst_mem)])
+
+    def operand_in(self, user_md, want_md):
+        """Memory the operation reads: the caller's own if the layout is the one oneDNN chose, else a reordered copy."""
+        user = self.user_memory(user_md)
+        if self.lib.lib.dnnl_memory_desc_equal(user_md, want_md):
+            return user
+        temp = self.temp_memory(want_md)
+        self.reorder(user, user_md, temp, want_md)
+        return temp
+
+    def operand_out(self, user_md, got_md, after: list):
+        """Memory the operation writes; a layout other than the caller's is reordered into it after the operation."""
+        user = self.user_memory(user_md)
+        if self.lib.lib.dnnl_memory_desc_equal(user_md, got_md):
+            return user
+        temp = self.temp_memory(got_md)
+        after.append((temp, got_md, user, user_md))
+        return temp
+
+    def describe(self, pd) -> None:
+        out = self.lib.ffi.new("const char **")
+        if not self.lib.lib.dnnl_primitive_desc_query(pd, Q_IMPL_INFO, 0, out):
+            self.impl = self.lib.ffi.string(out[0]).decode()
+
+    # running
+
+    def run(self, addresses: list[int], thread: _ThreadState) -> None:
+        ffi, lib = self.lib.ffi, self.lib.lib
+        for mem, addr in zip(self.user, addresses):
+            lib.dnnl_memory_set_data_handle(mem, ffi.cast("void *", addr))
+        if self.temps:
+            base = thread.arena(self.arena_bytes)
+            for mem, off in zip(self.temps, self.offsets):
+                lib.dnnl_memory_set_data_handle(mem, ffi.cast("void *", base + off))
+        stream = thread.stream
+        for prim, args, n in self.steps:
+            st = lib.dnnl_primitive_execute(prim, stream, n, args)
+            if st:
+                self.lib.check(st, "dnnl_primitive_execute", self.what)
+        lib.dnnl_stream_wait(stream)
+
+
+class _ThreadState(threading.local):
+    """A thread's stream, plans and arena: oneDNN streams and the memory objects a plan re-points are not shared."""
+
+    def __init__(self) -> None:
+        self._stream = None
+        self.plans: dict[tuple, _Plan] = {}
+        self._arena = None
+        self._arena_bytes = 0
+        self._arena_base = 0
+
+    @property
+    def stream(self):
+        if self._stream is None:
+            lib = library()
+            out = lib.ffi.new("dnnl_stream_t *")
+            lib.check(lib.lib.dnnl_stream_create(out, lib.engine, STREAM_DEFAULT), "dnnl_stream_create", "stream")
+            self._stream = lib.ffi.gc(out[0], lib.lib.dnnl_stream_destroy)
+        return self._stream
+
+    def arena(self, nbytes: int) -> int:
+        """The address of at least `nbytes` of scratch memory, 64-byte aligned (grown, never shrunk)."""
+        if nbytes > self._arena_bytes:
+            lib = library()
+            self._arena = None  # free the old block first
+            self._arena = lib.ffi.new("char[]", nbytes + _ALIGN)
+            addr = int(lib.ffi.cast("uintptr_t", self._arena))
+            self._arena_base = (addr + _ALIGN - 1) // _ALIGN * _ALIGN
+            self._arena_bytes = nbytes
+        return self._arena_base
+
+
+_thread = _ThreadState()
+
+
+def _conv_dims(g) -> dict[str, list]:
+    x = [g.N, g.C, g.H, g.W]
+    w = [g.K, g.Cg, g.kh, g.kw] if g.G == 1 else [g.G, g.Kg, g.Cg, g.kh, g.kw]
+    y = [g.N, g.K, g.OH, g.OW]
+    return {"x": x, "w": w, "y": y, "strides": [g.sh, g.sw], "dilates": [g.dh - 1, g.dw - 1],
+            "pad_l": [g.pt, g.pl], "pad_r": [g.pb, g.pr]}
+
+
+def _forward_pd(plan: _Plan, g, bias: bool):
+    d, lib = _conv_dims(g), plan.lib
+    ffi = lib.ffi
+    wtag = TAG_ABCD if g.G == 1 else TAG_ABCDE
+    b_any = plan.md([g.K], TAG_ANY) if bias else ffi.NULL
+    pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, FORWARD_TRAINING,
+                 CONVOLUTION_DIRECT, plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), b_any,
+                 plan.md(d["y"], TAG_ANY), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
+                 ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), ffi.NULL)
+    return pd, d, wtag
+
+
+def _conv_plan(kind: str, g, bias: bool) -> _Plan:
+    lib = library()
+    plan = _Plan(lib, f"{kind} of x {g.N}x{g.C}x{g.H}x{g.W}, w {g.K}x{g.Cg}x{g.kh}x{g.kw}, groups {g.G}")
+    fwd, d, wtag = _forward_pd(plan, g, bias)
+    ffi, q = lib.ffi, lib.lib.dnnl_primitive_desc_query_md
+    dims = [ffi.new("dnnl_dims_t", d[k]) for k in ("strides", "dilates", "pad_l", "pad_r")]
+    after: list = []
+    if kind == "conv2d":
+        pd = fwd
+        x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
+        w = plan.operand_in(plan.md(d["w"], wtag), q(pd, Q_WEIGHTS, 0))
+        args = [(ARG_SRC, x), (ARG_WEIGHTS, w)]
+        if bias:
+            args.append((ARG_BIAS, plan.user_memory(plan.md([g.K], TAG_A))))
+        args.append((ARG_DST, plan.operand_out(plan.md(d["y"], TAG_ABCD), q(pd, Q_DST, 0), after)))
+        plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b)
+    elif kind == "conv2d_backward_data":
+        pd = plan.pd(lib.lib.dnnl_convolution_backward_data_primitive_desc_create, lib.engine, CONVOLUTION_DIRECT,
+                     plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), plan.md(d["y"], TAG_ANY), *dims, fwd,
+                     ffi.NULL)
+        # the caller's order: dx (written), dy, w
+        dx_user_md = plan.md(d["x"], TAG_ABCD)
+        dy = plan.operand_in(plan.md(d["y"], TAG_ABCD), q(pd, Q_DIFF_DST, 0))
+        w = plan.operand_in(plan.md(d["w"], wtag), q(pd, Q_WEIGHTS, 0))
+        dx = plan.operand_out(dx_user_md, q(pd, Q_DIFF_SRC, 0), after)
+        plan.user.insert(0, plan.user.pop())  # dx's memory first, as the caller passes it
+        args = [(ARG_DIFF_DST, dy), (ARG_WEIGHTS, w), (ARG_DIFF_SRC, dx)]
+    elif kind == "conv2d_backward_weight":
+        pd = plan.pd(lib.lib.dnnl_convolution_backward_weights_primitive_desc_create, lib.engine,
+                     CONVOLUTION_DIRECT, plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), ffi.NULL,
+                     plan.md(d["y"], TAG_ANY), *dims, fwd, ffi.NULL)
+        dy = plan.operand_in(plan.md(d["y"], TAG_ABCD), q(pd, Q_DIFF_DST, 0))
+        x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
+        dw = plan.operand_out(plan.md(d["w"], wtag), q(pd, Q_DIFF_WEIGHTS, 0), after)
+        plan.user.insert(0, plan.user.pop())  # dw first
+        args = [(ARG_DIFF_DST, dy), (ARG_SRC, x), (ARG_DIFF_WEIGHTS, dw)]
+    else:
+        raise ValueError(f"oneDNN provider: no plan for {kind!r}")
+    plan.step(pd, args)
+    plan.describe(pd)
+    for temp, temp_md, user, user_md in after:
+        plan.reorder(temp, temp_md, user, user_md)
+    plan.keep.append(fwd)
+    return plan
+
+
+# -- the choice between oneDNN and the backend's own kernel -------------------------------------------------------
+
+_choices: dict[tuple, bool] = {}  # shape key -> whether oneDNN runs it (decided once per process)
+_choice_lock = threading.Lock()
+
+
+def _best_of(fn: Callable[[], None], runs: int = 2) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], None]) -> None:
+    """Run convolution `kind` (conv2d, conv2d_backward_data, conv2d_backward_weight) on geometry `g`: through
+    oneDNN where it is installed, chosen and able, else `ours()`. `addresses` are the operands' data addresses in the
+    kernel's argument order (out first); `views` name them in errors."""
+    key = (kind, tuple(g.as_list()), len(addresses))
+    use = _choices.get(key)
+    if use is False:
+        ours()
+        return
+    plan = _thread.plans.get(key)
+    if plan is None:
+        plan = _new_plan(kind, g, len(addresses) == 4, key)
+        if plan is None:
+            ours()
+            return
+    if use is None:
+        use, wrote = _decide(key, plan, addresses, ours)
+        if wrote:
+            return  # the output is written, by the provider chosen
+        if not use:
+            ours()
+            return
+    plan.run(addresses, _thread)
+
+
+def _new_plan(kind: str, g, bias: bool, key: tuple) -> _Plan | None:
+    if library() is None or mode() == "0":
+        with _choice_lock:
+            _choices[key] = False
+        return None
+    try:
+        plan = _conv_plan(kind, g, bias)
+    except OneDnnError:  # a shape oneDNN does not take (e.g. padding past what the output needs): ours runs it
+        with _choice_lock:
+            _choices[key] = False
+        return None
+    _thread.plans[key] = plan
+    return plan
+
+
+def _decide(key: tuple, plan: _Plan, addresses: list[int], ours: Callable[[], None]) -> tuple[bool, bool]:
+    """(whether oneDNN runs `key` from now on, whether this call's output is already written by the provider chosen):
+    always oneDNN with SINGA_ONEDNN=1, else the faster of two runs each, measured by the first thread to ask."""
+    with _choice_lock:
+        if key in _choices:  # another thread decided while this one waited
+            return _choices[key], False
+        if mode() == "1":
+            _choices[key] = True
+            return True, False
+        plan.run(addresses, _thread)  # first run: oneDNN finishes its just-in-time code
+        theirs = _best_of(lambda: plan.run(addresses, _thread))
+        mine = _best_of(ours)
+        use = theirs < mine
+        if use:
+            plan.run(addresses, _thread)  # the output is the chosen provider's, as on every later call
+        _choices[key] = use
+        return use, True
+
+
+def reset() -> None:
+    """Forget every choice and this thread's plans (tests change SINGA_ONEDNN between cases)."""
+    with _choice_lock:
+        _choices.clear()
+    _thread.plans.clear()
+
+
+def choices() -> dict[tuple, bool]:
+    """A copy of the choices made so far: {(kind, geometry, operands): oneDNN or not}."""
+    with _choice_lock:
+        return dict(_choices)

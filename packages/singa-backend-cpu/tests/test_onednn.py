@@ -1,0 +1,204 @@
+"""oneDNN as the CPU backend's convolution provider: it loads where its wheel is a dependency, the setting is obeyed
+and validated, the per-shape choice is made once, results match a float64 reference on layer shapes of real
+networks, and threads each get their own plans.
+
+(test_cpu_kernels.py runs every convolution case on both providers.)
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from singa import autograd, device, tensor
+from singa_backend_cpu import onednn
+
+X86_LINUX = platform.machine() == "x86_64" and sys.platform.startswith("linux")
+DEV = device.get_device("cpu")
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv(onednn.SETTING, raising=False)
+    onednn.reset()
+    yield
+    onednn.reset()
+
+
+def test_loads_where_its_wheel_is_a_dependency():
+    lib = onednn.library()
+    if not X86_LINUX:
+        # no wheel for this platform: the backend's own kernels do all the work, and info says so
+        assert lib is None
+        assert onednn.status().startswith("not used")
+        return
+    assert lib is not None, onednn.status()
+    assert lib.version[0] == 3
+    assert onednn.status().startswith("oneDNN 3.")
+
+
+def test_info_reports_it():
+    from singa import plugins
+
+    info = plugins.registry().backends["cpu"].info()
+    assert "onednn" in info
+    assert "oneDNN" in info["onednn"] or "not used" in info["onednn"]
+
+
+def test_an_unknown_setting_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, "fast")
+    with pytest.raises(ValueError, match="SINGA_ONEDNN"):
+        onednn.mode()
+
+
+def conv_ref(x, w, b, stride, pad, groups):
+    """float64 NCHW convolution by unfolding (padding symmetric)."""
+    n, c, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, k, oh, ow))
+    kg = k // groups
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                rows = slice(i, i + stride * (oh - 1) + 1, stride)
+                cols = slice(j, j + stride * (ow - 1) + 1, stride)
+                patch = xp[:, g * cg:(g + 1) * cg, rows, cols]
+                y[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, w[g * kg:(g + 1) * kg, :, i, j])
+    return y + b.reshape(1, -1, 1, 1)
+
+
+# ResNet, VGG and MobileNet layer shapes (batch kept small): (N, C, H, K, k, stride, pad, groups)
+LAYERS = [
+    (4, 3, 32, 64, 3, 1, 1, 1),     # first layer, three channels
+    (4, 64, 16, 64, 3, 1, 1, 1),    # ResNet basic block
+    (4, 64, 16, 128, 3, 2, 1, 1),   # ResNet down-sampling
+    (4, 64, 16, 128, 1, 2, 0, 1),   # ResNet shortcut
+    (2, 128, 14, 256, 3, 1, 1, 1),  # VGG
+    (4, 32, 16, 32, 3, 1, 1, 32),   # MobileNet depthwise
+    (4, 32, 16, 64, 1, 1, 0, 1),    # MobileNet pointwise
+]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=[f"{c}-{k}x{kk}-s{s}-g{g}" for _, c, _, k, kk, s, _, g in LAYERS])
+def test_layer_shapes_match_float64_forward_and_gradients(layer, monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, "1")
+    n, c, h, k, kk, stride, pad, groups = layer
+    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
+    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    tx, tw, tb = (tensor.from_numpy(a, DEV) for a in (x, w, b))
+    for t in (tx, tw, tb):
+        t.requires_grad = True
+        t.stores_grad = True
+    autograd.training = True
+    y = autograd.conv2d(tx, tw, tb, stride=(stride, stride), padding=(pad, pad, pad, pad), group=groups)
+    ref = conv_ref(x, w, b, stride, pad, groups)
+    np.testing.assert_allclose(tensor.to_numpy(y), ref, rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal(ref.shape).astype(np.float32)
+    grads = dict(autograd.backward(y, tensor.from_numpy(dy, DEV)))
+    # gradients by the adjoint: <dy, conv(x', w)> is linear in x' and w, checked through two directional derivatives
+    dx = tensor.to_numpy(grads[tx])
+    dw = tensor.to_numpy(grads[tw])
+    vx = RNG.standard_normal(x.shape)
+    vw = RNG.standard_normal(w.shape)
+    zero = np.zeros_like(b)
+    lhs_x = np.sum(dy * conv_ref(vx, w, zero, stride, pad, groups))
+    lhs_w = np.sum(dy * conv_ref(x, vw, zero, stride, pad, groups))
+    np.testing.assert_allclose(np.sum(dx * vx), lhs_x, rtol=1e-4)
+    np.testing.assert_allclose(np.sum(dw * vw), lhs_w, rtol=1e-4)
+    if X86_LINUX:
+        assert onednn.choices()
+        assert all(onednn.choices().values()), onednn.choices()
+
+
+def test_auto_decides_once_per_shape_and_keeps_the_result_right(monkeypatch):
+    from singa_backend_cpu.table import kernels as K
+
+    x = RNG.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    ref = conv_ref(x, w, np.zeros(16), 1, 1, 1)
+    tx, tw = tensor.from_numpy(x, DEV), tensor.from_numpy(w, DEV)
+    for _ in range(3):
+        y = tensor.Tensor((2, 16, 12, 12), DEV)
+        K["conv2d"](y.data, tx.data, tw.data, None, stride=(1, 1), padding=(1, 1, 1, 1))
+        np.testing.assert_allclose(tensor.to_numpy(y), ref, rtol=1e-4, atol=1e-4)
+    assert len(onednn.choices()) == 1  # one shape, one decision
+
+
+def test_off_means_the_backends_own_kernels(monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, "0")
+    w = tensor.from_numpy(RNG.standard_normal((8, 4, 3, 3)).astype(np.float32), DEV)
+    x = tensor.from_numpy(RNG.standard_normal((2, 4, 8, 8)).astype(np.float32), DEV)
+    y = autograd.conv2d(x, w, padding=(1, 1, 1, 1))
+    assert y.shape == (2, 8, 8, 8)
+    assert onednn.choices()
+    assert not any(onednn.choices().values())
+
+
+@pytest.mark.parametrize("setting", ["1", "auto"])
+def test_threads_get_the_sequential_results_bit_for_bit(setting, monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, setting)
+    xs = [RNG.standard_normal((2, 16, 10, 10)).astype(np.float32) for _ in range(4)]
+    w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
+
+    tw = tensor.from_numpy(w, DEV)
+
+    def run(x):
+        return tensor.to_numpy(autograd.conv2d(tensor.from_numpy(x, DEV), tw, padding=(1, 1, 1, 1)))
+
+    sequential = [run(x) for x in xs]
+    results: list = [None] * len(xs)
+    errors: list = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                results[i] = run(xs[i])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got, want in zip(results, sequential):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_threads_meeting_a_new_shape_together_all_get_right_results(monkeypatch):
+    """In auto mode the first thread to meet a shape measures both providers while the others wait for its choice;
+    every thread's output is written either way."""
+    x = RNG.standard_normal((2, 12, 9, 9)).astype(np.float32)
+    w = RNG.standard_normal((24, 12, 3, 3)).astype(np.float32)
+    ref = conv_ref(x, w, np.zeros(24), 1, 1, 1)
+    tw = tensor.from_numpy(w, DEV)
+    barrier = threading.Barrier(4)
+    results: list = [None] * 4
+    errors: list = []
+
+    def worker(i):
+        try:
+            tx = tensor.from_numpy(x, DEV)
+            barrier.wait()
+            results[i] = tensor.to_numpy(autograd.conv2d(tx, tw, padding=(1, 1, 1, 1)))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got in results:
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
