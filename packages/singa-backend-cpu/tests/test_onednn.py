@@ -202,3 +202,15 @@ def test_threads_meeting_a_new_shape_together_all_get_right_results(monkeypatch)
     assert not errors, errors
     for got in results:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_one_openmp_runtime_in_the_process(monkeypatch):
+    """oneDNN and the backend's kernels share one GNU OpenMP (a second would keep its own idle threads spinning)."""
+    monkeypatch.setenv(onednn.SETTING, "1")
+    x = tensor.from_numpy(RNG.standard_normal((1, 4, 6, 6)).astype(np.float32), DEV)
+    w = tensor.from_numpy(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32), DEV)
+    tensor.to_numpy(autograd.conv2d(x, w, padding=(1, 1, 1, 1)))
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if "gomp" in line.rsplit("/", 1)[-1] and "/" in line}
+    assert len(runtimes) == 1, runtimes
