@@ -5,14 +5,16 @@ The library comes from the `onednn-cpu-gomp` wheel (x86-64 Linux only: a depende
 reached through cffi in ABI mode, so nothing here is compiled. It runs on GNU OpenMP, the runtime the backend's own
 kernels use: one thread pool in the process, sized by the same `set_num_threads`.
 
-`SINGA_ONEDNN` picks, read when a shape is first seen:
-  - `auto` (default): for each new shape, run both once more and keep the faster (measured once per process);
-  - `1`: oneDNN for everything it implements (results reproducible run to run);
+Three providers can run a convolution: oneDNN with the operands reordered into the blocked layouts it prefers and
+back (its direct kernels), oneDNN reading and writing NCHW where it lies (its GEMM-based kernels), and the backend's
+own C kernel. `SINGA_ONEDNN` picks, read when a shape is first seen:
+  - `auto` (default): for each new shape, time each provider twice and keep the fastest (once per process);
+  - `1`: oneDNN, blocked where it builds (results reproducible run to run); `nchw`: oneDNN on NCHW;
   - `0`: never (the backend's own kernels, as on machines without the wheel).
 
-Tensors stay plain NCHW for the rest of the backend. A plan (one per shape and thread) holds oneDNN's choice of
-blocked layouts for the operands, the reorders into and out of them, and the primitives; its temporary buffers live in
-one per-thread arena, reused by every plan, so memory grows with the largest convolution, not with their number.
+Tensors stay plain NCHW for the rest of the backend. A plan (one per shape, layout and thread) holds the primitives
+and reorders; its temporary buffers live in one per-thread arena, reused by every plan, so memory grows with the
+largest convolution, not with their number.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 SETTING = "SINGA_ONEDNN"
-MODES = ("auto", "1", "0")
+MODES = ("auto", "1", "nchw", "0")
 DISTRIBUTION = "onednn-cpu-gomp"
 
 # The part of oneDNN 3's C API (oneapi/dnnl/dnnl.h) this module uses. Enumerations are ints: their values below are
@@ -168,7 +170,7 @@ def mode() -> str:
     aliases = {"on": "1", "true": "1", "yes": "1", "off": "0", "false": "0", "no": "0"}
     value = aliases.get(raw, raw)
     if value not in MODES:
-        raise ValueError(f"{SETTING}={raw!r}: expected auto, 1 or 0")
+        raise ValueError(f"{SETTING}={raw!r}: expected auto, 1, nchw or 0")
     return value
 
 
@@ -178,7 +180,7 @@ def status() -> str:
     if lib is None:
         return f"not used: {_load_error}"
     with _choice_lock:
-        used = sum(1 for c in _choices.values() if c)
+        used = sum(1 for c in _choices.values() if c != OWN)
         total = len(_choices)
     return (f"oneDNN {'.'.join(map(str, lib.version))} ({lib.path}); {SETTING}={mode()}; float32 convolutions; "
             f"{used} of {total} shapes seen so far run on it")
@@ -341,22 +343,25 @@ def _conv_dims(g) -> dict[str, list]:
             "pad_l": [g.pt, g.pl], "pad_r": [g.pb, g.pr]}
 
 
-def _forward_pd(plan: _Plan, g, bias: bool):
+def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool):
     d, lib = _conv_dims(g), plan.lib
     ffi = lib.ffi
     wtag = TAG_ABCD if g.G == 1 else TAG_ABCDE
+    act = TAG_ANY if blocked else TAG_ABCD  # activations: oneDNN's pick, or the caller's NCHW
     b_any = plan.md([g.K], TAG_ANY) if bias else ffi.NULL
     pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, FORWARD_TRAINING,
-                 CONVOLUTION_DIRECT, plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), b_any,
-                 plan.md(d["y"], TAG_ANY), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
+                 CONVOLUTION_DIRECT, plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), b_any,
+                 plan.md(d["y"], act), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
                  ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), ffi.NULL)
-    return pd, d, wtag
+    return pd, d, wtag, act
 
 
-def _conv_plan(kind: str, g, bias: bool) -> _Plan:
+def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
+    """A plan for convolution `kind`; `blocked`: activations in the layout oneDNN prefers (reordered from and to
+    NCHW around the operation), else read and written as NCHW where they are (oneDNN's GEMM-based kernels)."""
     lib = library()
     plan = _Plan(lib, f"{kind} of x {g.N}x{g.C}x{g.H}x{g.W}, w {g.K}x{g.Cg}x{g.kh}x{g.kw}, groups {g.G}")
-    fwd, d, wtag = _forward_pd(plan, g, bias)
+    fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked)
     ffi, q = lib.ffi, lib.lib.dnnl_primitive_desc_query_md
     dims = [ffi.new("dnnl_dims_t", d[k]) for k in ("strides", "dilates", "pad_l", "pad_r")]
     after: list = []
@@ -371,7 +376,7 @@ def _conv_plan(kind: str, g, bias: bool) -> _Plan:
         plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b)
     elif kind == "conv2d_backward_data":
         pd = plan.pd(lib.lib.dnnl_convolution_backward_data_primitive_desc_create, lib.engine, CONVOLUTION_DIRECT,
-                     plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), plan.md(d["y"], TAG_ANY), *dims, fwd,
+                     plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), plan.md(d["y"], act), *dims, fwd,
                      ffi.NULL)
         # the caller's order: dx (written), dy, w
         dx_user_md = plan.md(d["x"], TAG_ABCD)
@@ -382,8 +387,8 @@ def _conv_plan(kind: str, g, bias: bool) -> _Plan:
         args = [(ARG_DIFF_DST, dy), (ARG_WEIGHTS, w), (ARG_DIFF_SRC, dx)]
     elif kind == "conv2d_backward_weight":
         pd = plan.pd(lib.lib.dnnl_convolution_backward_weights_primitive_desc_create, lib.engine,
-                     CONVOLUTION_DIRECT, plan.md(d["x"], TAG_ANY), plan.md(d["w"], TAG_ANY), ffi.NULL,
-                     plan.md(d["y"], TAG_ANY), *dims, fwd, ffi.NULL)
+                     CONVOLUTION_DIRECT, plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), ffi.NULL,
+                     plan.md(d["y"], act), *dims, fwd, ffi.NULL)
         dy = plan.operand_in(plan.md(d["y"], TAG_ABCD), q(pd, Q_DIFF_DST, 0))
         x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
         dw = plan.operand_out(plan.md(d["w"], wtag), q(pd, Q_DIFF_WEIGHTS, 0), after)
@@ -401,7 +406,8 @@ def _conv_plan(kind: str, g, bias: bool) -> _Plan:
 
 # -- the choice between oneDNN and the backend's own kernel -------------------------------------------------------
 
-_choices: dict[tuple, bool] = {}  # shape key -> whether oneDNN runs it (decided once per process)
+OWN, BLOCKED, PLAIN = "own", "onednn", "onednn-nchw"  # the providers a shape can be given
+_choices: dict[tuple, str] = {}  # shape key -> provider (decided once per process)
 _choice_lock = threading.Lock()
 
 
@@ -419,58 +425,65 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
     oneDNN where it is installed, chosen and able, else `ours()`. `addresses` are the operands' data addresses in the
     kernel's argument order (out first); `views` name them in errors."""
     key = (kind, tuple(g.as_list()), len(addresses))
-    use = _choices.get(key)
-    if use is False:
-        ours()
-        return
-    plan = _thread.plans.get(key)
-    if plan is None:
-        plan = _new_plan(kind, g, len(addresses) == 4, key)
-        if plan is None:
-            ours()
-            return
-    if use is None:
-        use, wrote = _decide(key, plan, addresses, ours)
+    provider = _choices.get(key)
+    if provider is None:
+        provider, wrote = _decide(kind, g, key, addresses, ours)
         if wrote:
             return  # the output is written, by the provider chosen
-        if not use:
-            ours()
-            return
+    if provider == OWN:
+        ours()
+        return
+    plan = _plan(kind, g, key, provider == BLOCKED)
     plan.run(addresses, _thread)
 
 
-def _new_plan(kind: str, g, bias: bool, key: tuple) -> _Plan | None:
-    if library() is None or mode() == "0":
-        with _choice_lock:
-            _choices[key] = False
-        return None
-    try:
-        plan = _conv_plan(kind, g, bias)
-    except OneDnnError:  # a shape oneDNN does not take (e.g. padding past what the output needs): ours runs it
-        with _choice_lock:
-            _choices[key] = False
-        return None
-    _thread.plans[key] = plan
+def _plan(kind: str, g, key: tuple, blocked: bool) -> _Plan:
+    """This thread's plan for `key` in one layout (made on first use; the choice was made with it, so it builds)."""
+    plan = _thread.plans.get((key, blocked))
+    if plan is None:
+        plan = _thread.plans[(key, blocked)] = _conv_plan(kind, g, key[2] == 4, blocked)
     return plan
 
 
-def _decide(key: tuple, plan: _Plan, addresses: list[int], ours: Callable[[], None]) -> tuple[bool, bool]:
-    """(whether oneDNN runs `key` from now on, whether this call's output is already written by the provider chosen):
-    always oneDNN with SINGA_ONEDNN=1, else the faster of two runs each, measured by the first thread to ask."""
+def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
+    """The oneDNN plans that build for `key` (none where oneDNN is absent or turned off); oneDNN refuses some
+    shapes (e.g. padding past what the output needs), and our own kernel runs those."""
+    found = {}
+    if library() is None or mode() == "0":
+        return found
+    for provider, blocked in ((BLOCKED, True), (PLAIN, False)):
+        try:
+            found[provider] = _plan(kind, g, key, blocked)
+        except OneDnnError:
+            continue
+    return found
+
+
+def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], None]) -> tuple[str, bool]:
+    """(the provider of `key` from now on, whether this call's output is already written by it): with
+    SINGA_ONEDNN=1 oneDNN in its preferred layout where it builds, with 0 our own kernel, else the fastest of two runs
+    each, measured by the first thread to meet the shape while the others wait for its choice."""
     with _choice_lock:
         if key in _choices:  # another thread decided while this one waited
             return _choices[key], False
-        if mode() == "1":
-            _choices[key] = True
-            return True, False
-        plan.run(addresses, _thread)  # first run: oneDNN finishes its just-in-time code
-        theirs = _best_of(lambda: plan.run(addresses, _thread))
-        mine = _best_of(ours)
-        use = theirs < mine
-        if use:
-            plan.run(addresses, _thread)  # the output is the chosen provider's, as on every later call
-        _choices[key] = use
-        return use, True
+        plans = _candidates(kind, g, key)
+        if not plans:
+            provider, wrote = OWN, False
+        elif mode() in ("1", "nchw"):
+            order = (BLOCKED, PLAIN) if mode() == "1" else (PLAIN, BLOCKED)
+            provider, wrote = next(p for p in order if p in plans), False
+        else:
+            times = {}
+            for name, plan in plans.items():
+                plan.run(addresses, _thread)  # first run: oneDNN finishes its just-in-time code
+                times[name] = _best_of(lambda p=plan: p.run(addresses, _thread))
+            times[OWN] = _best_of(ours)
+            provider = min(times, key=times.get)
+            if provider != OWN:
+                plans[provider].run(addresses, _thread)  # the output is the chosen provider's, as on later calls
+            wrote = True
+        _choices[key] = provider
+        return provider, wrote
 
 
 def reset() -> None:
@@ -480,7 +493,7 @@ def reset() -> None:
     _thread.plans.clear()
 
 
-def choices() -> dict[tuple, bool]:
-    """A copy of the choices made so far: {(kind, geometry, operands): oneDNN or not}."""
+def choices() -> dict[tuple, str]:
+    """A copy of the choices made so far: {(kind, geometry, operands): "own", "onednn" or "onednn-nchw"}."""
     with _choice_lock:
         return dict(_choices)
