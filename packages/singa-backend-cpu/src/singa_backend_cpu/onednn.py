@@ -8,7 +8,8 @@ kernels use: one thread pool in the process, sized by the same `set_num_threads`
 Three providers can run a convolution: oneDNN with the operands reordered into the blocked layouts it prefers and
 back (its direct kernels), oneDNN reading and writing NCHW where it lies (its GEMM-based kernels), and the backend's
 own C kernel. `SINGA_ONEDNN` picks, read when a shape is first seen:
-  - `auto` (default): for each new shape, time each provider twice and keep the fastest (once per process);
+  - `auto` (default): for each new shape, time each provider (three turns each) and keep the fastest, the blocked
+    layout unless another is 10% faster (once per process);
   - `1`: oneDNN, blocked where it builds (results reproducible run to run); `nchw`: oneDNN on NCHW;
   - `0`: never (the backend's own kernels, as on machines without the wheel).
 
@@ -407,6 +408,8 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
 # -- the choice between oneDNN and the backend's own kernel -------------------------------------------------------
 
 OWN, BLOCKED, PLAIN = "own", "onednn", "onednn-nchw"  # the providers a shape can be given
+ROUNDS = 3  # timed turns per provider when a shape is first met (SINGA_ONEDNN=auto)
+MARGIN = 0.1  # how much faster than oneDNN's blocked layout another provider must be to be chosen
 _choices: dict[tuple, str] = {}  # shape key -> provider (decided once per process)
 _choice_lock = threading.Lock()
 
@@ -473,12 +476,18 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
             order = (BLOCKED, PLAIN) if mode() == "1" else (PLAIN, BLOCKED)
             provider, wrote = next(p for p in order if p in plans), False
         else:
-            times = {}
-            for name, plan in plans.items():
-                plan.run(addresses, _thread)  # first run: oneDNN finishes its just-in-time code
-                times[name] = _best_of(lambda p=plan: p.run(addresses, _thread))
-            times[OWN] = _best_of(ours)
+            runs: dict[str, Callable[[], None]] = {n: (lambda p=p: p.run(addresses, _thread)) for n, p in plans.items()}
+            runs[OWN] = ours
+            for run in runs.values():
+                run()  # a first run each: oneDNN finishes its just-in-time code, caches warm up
+            times = dict.fromkeys(runs, float("inf"))
+            for _ in range(ROUNDS):  # the providers take turns, so that a change of load hits them alike
+                for name, run in runs.items():
+                    times[name] = min(times[name], _best_of(run, 1))
+            # the blocked layout unless another is clearly faster: a near tie is noise, and blocked scales better
             provider = min(times, key=times.get)
+            if BLOCKED in times and times[provider] > (1.0 - MARGIN) * times[BLOCKED]:
+                provider = BLOCKED
             if provider != OWN:
                 plans[provider].run(addresses, _thread)  # the output is the chosen provider's, as on later calls
             wrote = True
