@@ -423,3 +423,44 @@ def _suite():
 
 
 globals().update(_suite())
+
+
+def _reset_onednn():
+    try:
+        from singa_backend_cpu import onednn
+    except ImportError:
+        return
+    onednn.reset()
+
+
+@pytest.mark.parametrize("setting", ["1", "auto"])
+def test_conv_weights_are_constant_while_the_plan_lives(dev, monkeypatch, setting):
+    """The inference plan declares its convolution weights constant (a backend may keep them in its library's
+    layout: the CPU backend keeps oneDNN-reordered copies); refresh() and training end that, and weights written in
+    place and refreshed are the ones used."""
+    from singa.backend import constant_token
+
+    monkeypatch.setenv("SINGA_ONEDNN", setting)
+    _reset_onednn()
+    w = arr(32, 16, 3, 3, scale=0.2)
+    m = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], [vi("x", ["N", 16, 12, 12])],
+                   [vi("y", ["N", 32, 12, 12])], [nh.from_array(w, "W")])
+    rep = sonnx.prepare(m, dev)
+    x = arr(2, 16, 12, 12)
+    for _ in range(4):  # eager, recorded, replayed twice
+        np.testing.assert_allclose(rep.run([x])[0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    weight = rep.tensor_map["W"]
+    assert constant_token(weight.buffer) > 0
+    w2 = arr(32, 16, 3, 3, scale=0.2)
+    weight.copy_from_numpy(w2)
+    rep.refresh()
+    assert constant_token(weight.buffer) == 0
+    m2 = make_model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], [vi("x", ["N", 16, 12, 12])],
+                    [vi("y", ["N", 32, 12, 12])], [nh.from_array(w2, "W")])
+    want = ort_run(m2, {"x": x})[0]
+    for _ in range(4):
+        np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-4, atol=1e-4)
+    weight.requires_grad = weight.stores_grad = True  # being trained: the plan is dropped, the promise ended
+    rep.inference_plan()
+    assert constant_token(weight.buffer) == 0
+    _reset_onednn()

@@ -25,6 +25,7 @@ import importlib.metadata
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -206,6 +207,11 @@ class _Plan:
         self.arena_bytes = 0
         self.steps: list[tuple[Any, Any, int]] = []
         self.impl = ""
+        # the reorder of the weights into oneDNN's layout (forward only): skipped for weights declared constant,
+        # whose reordered copy is kept (see `run`)
+        self.weight_step = -1
+        self.weight_temp = None
+        self.weight_bytes = 0
 
     # building
 
@@ -286,7 +292,9 @@ class _Plan:
 
     # running
 
-    def run(self, addresses: list[int], thread: _ThreadState) -> None:
+    def run(self, addresses: list[int], thread: _ThreadState, constant: tuple | None = None) -> None:
+        """Run on the operands at `addresses`; `constant`: (key, buffer) when the weights' buffer is declared
+        constant (singa.backend.declare_constant): their reordered copy is made once per key and reused."""
         ffi, lib = self.lib.ffi, self.lib.lib
         for mem, addr in zip(self.user, addresses):
             lib.dnnl_memory_set_data_handle(mem, ffi.cast("void *", addr))
@@ -294,12 +302,22 @@ class _Plan:
             base = thread.arena(self.arena_bytes)
             for mem, off in zip(self.temps, self.offsets):
                 lib.dnnl_memory_set_data_handle(mem, ffi.cast("void *", base + off))
+        skip, made, block = -1, False, None
+        if constant is not None and self.weight_step >= 0:
+            block, addr, made = _constant_weights(constant, self.weight_bytes)  # `block` lives through the run
+            lib.dnnl_memory_set_data_handle(self.weight_temp, ffi.cast("void *", addr))
+            if not made:
+                skip = self.weight_step
         stream = thread.stream
-        for prim, args, n in self.steps:
+        for i, (prim, args, n) in enumerate(self.steps):
+            if i == skip:
+                continue
             st = lib.dnnl_primitive_execute(prim, stream, n, args)
             if st:
                 self.lib.check(st, "dnnl_primitive_execute", self.what)
         lib.dnnl_stream_wait(stream)
+        if made:
+            _keep_weights(constant, block, addr)
 
 
 class _ThreadState(threading.local):
@@ -369,7 +387,12 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
     if kind == "conv2d":
         pd = fwd
         x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
-        w = plan.operand_in(plan.md(d["w"], wtag), q(pd, Q_WEIGHTS, 0))
+        steps = len(plan.steps)
+        w_want = q(pd, Q_WEIGHTS, 0)
+        w = plan.operand_in(plan.md(d["w"], wtag), w_want)
+        if len(plan.steps) > steps:  # the weights are reordered: a copy that constant weights can keep
+            plan.weight_step, plan.weight_temp = steps, w
+            plan.weight_bytes = int(lib.lib.dnnl_memory_desc_get_size(w_want))
         args = [(ARG_SRC, x), (ARG_WEIGHTS, w)]
         if bias:
             args.append((ARG_BIAS, plan.user_memory(plan.md([g.K], TAG_A))))
@@ -405,6 +428,36 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
     return plan
 
 
+# -- reordered copies of constant weights ------------------------------------------------------------------------
+
+_weights: dict[tuple, tuple] = {}  # key -> (weakref of the weights' buffer, token, block, address)
+_weights_lock = threading.Lock()
+
+
+def _constant_weights(constant: tuple, nbytes: int) -> tuple[Any, int, bool]:
+    """(block, its aligned address, whether it is new) for the reordered weights of `constant` = (key, buffer,
+    token). A new block is this run's to fill and `_keep_weights` publishes it afterwards, so that another thread
+    never reads a block still being written; entries whose buffer is gone or no longer declared are dropped."""
+    from singa.backend import constant_token
+
+    key, buffer, token = constant
+    with _weights_lock:
+        entry = _weights.get(key)
+        if entry is not None and entry[0]() is buffer and entry[1] == token:
+            return entry[2], entry[3], False
+        for k in [k for k, e in _weights.items() if e[0]() is None or constant_token(e[0]()) != e[1]]:
+            del _weights[k]
+    ffi = library().ffi
+    block = ffi.new("char[]", nbytes + _ALIGN)
+    return block, (int(ffi.cast("uintptr_t", block)) + _ALIGN - 1) // _ALIGN * _ALIGN, True
+
+
+def _keep_weights(constant: tuple, block: Any, addr: int) -> None:
+    key, buffer, token = constant
+    with _weights_lock:
+        _weights[key] = (weakref.ref(buffer), token, block, addr)
+
+
 # -- the choice between oneDNN and the backend's own kernel -------------------------------------------------------
 
 OWN, BLOCKED, PLAIN = "own", "onednn", "onednn-nchw"  # the providers a shape can be given
@@ -423,10 +476,12 @@ def _best_of(fn: Callable[[], None], runs: int = 2) -> float:
     return best
 
 
-def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], None]) -> None:
+def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], None],
+         weights: Any = None) -> None:
     """Run convolution `kind` (conv2d, conv2d_backward_data, conv2d_backward_weight) on geometry `g`: through
     oneDNN where it is installed, chosen and able, else `ours()`. `addresses` are the operands' data addresses in the
-    kernel's argument order (out first); `views` name them in errors."""
+    kernel's argument order (out first); `views` name them in errors; `weights`: conv2d's weight view, whose
+    reordered copy is kept while its buffer is declared constant."""
     key = (kind, tuple(g.as_list()), len(addresses))
     provider = _choices.get(key)
     if provider is None:
@@ -437,7 +492,14 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
         ours()
         return
     plan = _plan(kind, g, key, provider == BLOCKED)
-    plan.run(addresses, _thread)
+    constant = None
+    if weights is not None and plan.weight_step >= 0:
+        from singa.backend import constant_token
+
+        token = constant_token(weights.buffer)
+        if token:
+            constant = ((key, provider, token, weights.offset), weights.buffer, token)
+    plan.run(addresses, _thread, constant)
 
 
 def _plan(kind: str, g, key: tuple, blocked: bool) -> _Plan:
@@ -496,9 +558,11 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
 
 
 def reset() -> None:
-    """Forget every choice and this thread's plans (tests change SINGA_ONEDNN between cases)."""
+    """Forget every choice, this thread's plans and the kept weights (tests change SINGA_ONEDNN between cases)."""
     with _choice_lock:
         _choices.clear()
+    with _weights_lock:
+        _weights.clear()
     _thread.plans.clear()
 
 

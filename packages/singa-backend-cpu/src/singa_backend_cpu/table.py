@@ -221,7 +221,7 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
         ours()
         return
     operands = (out, x, w) if b is None else (out, x, w, b)
-    onednn.conv("conv2d", g, views, [_address(v) for v in operands], ours)
+    onednn.conv("conv2d", g, views, [_address(v) for v in operands], ours, weights=w)
 
 
 def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:

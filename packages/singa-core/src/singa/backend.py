@@ -17,7 +17,9 @@ Kernels never see a Tensor's Python API, only objects with the *view* attributes
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import itertools
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -52,6 +54,33 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({self.nbytes} bytes on {self.device})"
+
+
+# -- constant buffers: a promise that lets a backend keep what it derives from a buffer's bytes ---------------------
+
+_constants: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tokens = itertools.count(1)
+
+
+def declare_constant(buffers: Iterable[Buffer]) -> None:
+    """Promise that the bytes of `buffers` do not change until `release_constant` is called on them (or they are
+    freed). A backend may then keep what it derives from them, e.g. convolution weights in the layout its library
+    prefers, under the token `constant_token` gives; nothing checks the promise. singa_onnx declares the weights of
+    an inference plan, which a user must `refresh()` after writing into anyway."""
+    for b in buffers:
+        _constants[b] = next(_tokens)
+
+
+def release_constant(buffers: Iterable[Buffer]) -> None:
+    """End the promise of `declare_constant`: the buffers may be written again (a later declaration gets a new
+    token, so nothing derived under the old one is reused)."""
+    for b in buffers:
+        _constants.pop(b, None)
+
+
+def constant_token(buffer: Buffer) -> int:
+    """The token of a buffer declared constant (a positive int, new at each declaration), else 0."""
+    return _constants.get(buffer, 0)
 
 
 class View:

@@ -17,12 +17,13 @@ string inputs; a graph recording of someone else's in progress) runs eagerly eve
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from singa import graph, ops
+from singa import backend, graph, ops
 from singa.backend import Device, View
 from singa.tensor import Tensor
 from singa_onnx.optimize import fold
@@ -50,9 +51,34 @@ class InferencePlan:
         self.params = dict(params)  # the tensors it was built from (SingaRep compares them before each run)
         self.program = fold(imported.program, device, self.params)
         self.runtime = Runtime(device, self.params, training=False)
+        # The weights stay as they are while the plan is in use (SingaRep drops it when they may change, and asks for
+        # refresh() after writing into them): declared constant, a backend may keep copies in the layout its library
+        # prefers. `close()` (or the plan's end) ends the promise.
+        self._release = weakref.finalize(self, backend.release_constant, self._constant_weights())
         self.replay = True  # False: always run eagerly (the folded program)
         self._graphs: OrderedDict = OrderedDict()  # signature -> _Replay, or None when it cannot be replayed
         self._seen: dict = {}
+
+    def _constant_weights(self) -> list:
+        """Declare the convolution weights constant (host ones, e.g. those folding made, copied to the device once
+        here); returns their buffers."""
+        inits = self.program.initializers
+        buffers = {}
+        for node in self.program.nodes:
+            if node.op_type != "Conv" or len(node.inputs) < 2 or node.inputs[1] not in inits:
+                continue
+            name = node.inputs[1]
+            w = inits[name]
+            if isinstance(w, np.ndarray) and w.dtype == np.float32:
+                w = inits[name] = ops.from_numpy(np.ascontiguousarray(w), self.device)
+            if isinstance(w, Tensor):
+                buffers[id(w.buffer)] = w.buffer
+        backend.declare_constant(buffers.values())
+        return list(buffers.values())
+
+    def close(self) -> None:
+        """The weights may change from now on: release the constant declaration (the plan must not run again)."""
+        self._release()
 
     def valid_for(self, params: dict[str, Tensor]) -> bool:
         mine = self.params

@@ -43,7 +43,12 @@ class SingaRep(BackendRep):
 
     def refresh(self) -> None:
         """Forget the optimised graph (and its recorded runs); the next inference run builds it from `tensor_map`."""
-        self._plan = None
+        self._drop_plan()
+
+    def _drop_plan(self) -> None:
+        if self._plan is not None:
+            self._plan.close()  # its weights may be written from now on
+            self._plan = None
 
     def inference_plan(self) -> InferencePlan | None:
         """The optimised graph plain inference runs now (built if needed), or None when the tensors are trainable or
@@ -53,10 +58,11 @@ class SingaRep(BackendRep):
         tm = self.tensor_map
         for t in tm.values():
             if t.requires_grad or t.stores_grad:
-                self._plan = None  # being trained: their values will change; build again once they are frozen
+                self._drop_plan()  # being trained: their values will change; build again once they are frozen
                 return None
         plan = self._plan
         if plan is None or not plan.valid_for(tm):
+            self._drop_plan()
             plan = self._plan = InferencePlan(self.imported, self.device, tm)
         return plan
 
