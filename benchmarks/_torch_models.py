@@ -30,6 +30,21 @@ class MnistCNN(nn.Module):
         return self.linear2(y)
 
 
+class MLP(nn.Module):
+    """Flatten, Linear 256, ReLU, Linear 256, ReLU, Linear 10 (train_mlp.py's model)."""
+
+    def __init__(self, num_classes: int = 10, hidden: int = 256):
+        super().__init__()
+        self.linear1 = nn.Linear(28 * 28, hidden)
+        self.linear2 = nn.Linear(hidden, hidden)
+        self.linear3 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        y = F.relu(self.linear1(torch.flatten(x, 1)))
+        y = F.relu(self.linear2(y))
+        return self.linear3(y)
+
+
 class BasicBlock(nn.Module):
     """conv3x3-BN-ReLU-conv3x3-BN plus the shortcut (1x1 conv + BN when the shape changes), then ReLU."""
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import train_cnn
+import train_mlp
 import train_resnet
 
 import bench_conv
@@ -29,8 +30,8 @@ import benchlib
 
 # OpenCL last: PoCL's worker threads outlive its benchmark and slowed the CPU backend's kernels after it 1.5-2x.
 # bench_dist runs its ranks in mpiexec subprocesses (a table saying why not, without mpiexec or mpi4py).
-BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench_conv, bench_conv_layers, train_cnn,
-              train_resnet, bench_onnx, bench_dist, bench_opencl]
+BENCHMARKS = [bench_matmul, bench_elementwise, bench_overhead, bench_pool, bench_conv, bench_conv_layers, train_mlp,
+              train_cnn, train_resnet, bench_onnx, bench_dist, bench_opencl]
 
 
 def report(tables: list[benchlib.Table], facts: list[tuple[str, str]], command: str, quick: bool,
