@@ -405,6 +405,26 @@ def test_vectorised_exp_is_within_two_ulp():
         close(get(out), np.exp(edge.astype(np.float64)).astype(np.float32), np.float32, rtol=3e-7, atol=0)
 
 
+def test_vectorised_erf_is_within_three_ulp():
+    # every 997th float32 bit pattern (all of them finite: erf saturates), a fine sweep of [-5, 5], then the edges;
+    # the reference is math.erf in float64
+    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], np.linspace(-5, 5, 200001, dtype=np.float32)])
+    out = empty(x.shape, np.float32)
+    K["erf"](out, put(x))
+    got = get(out).astype(np.float64)
+    ref = np.array([math.erf(v) for v in x.astype(np.float64)])
+    ulp = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
+    assert np.max(np.abs(got - ref) / ulp) <= 3.0
+    edge = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-40, 0.921875, 3.9375, 3.93, 10.0], np.float32)
+    out = empty(edge.shape, np.float32)
+    K["erf"](out, put(edge))
+    want = np.array([math.erf(v) if not np.isnan(v) else np.nan for v in edge.astype(np.float64)], np.float32)
+    close(get(out), want, np.float32, rtol=3e-7, atol=0)
+    assert np.signbit(get(out)[4])  # erf(-0) = -0
+
+
 # -- reductions ---------------------------------------------------------------------------------------------------
 
 _REDUCE_REF = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min,

@@ -29,6 +29,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import cffi
+
 SETTING = "SINGA_ONEDNN"
 MODES = ("auto", "1", "nchw", "0")
 DISTRIBUTION = "onednn-cpu-gomp"
@@ -122,18 +124,22 @@ def _find_library() -> str | None:
     return ctypes.util.find_library("dnnl")
 
 
+# Found, and the declarations parsed, when the backend is imported: loading the library on the first convolution must
+# not read files or import modules then (a sandboxed process may be running an untrusted model by that time).
+_PATH = _find_library()
+_FFI = cffi.FFI()
+_FFI.cdef(_CDEF)
+
+
 class _Library:
     """The loaded library, its CPU engine and version (one per process)."""
 
     def __init__(self) -> None:
-        import cffi
-
-        path = _find_library()
+        path = _PATH
         if path is None:
             raise OSError(f"oneDNN is not installed (pip install {DISTRIBUTION}; x86-64 Linux only)")
         self.path = path
-        self.ffi = cffi.FFI()
-        self.ffi.cdef(_CDEF)
+        self.ffi = _FFI
         self.lib = self.ffi.dlopen(path)
         v = self.lib.dnnl_version()
         self.version = (v.major, v.minor, v.patch)

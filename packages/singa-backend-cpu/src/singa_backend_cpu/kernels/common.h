@@ -196,6 +196,39 @@ static inline float sg_vexpf(float x) {
     return x != x ? x : res;
 }
 
+/* -- erff that the compiler can vectorise -------------------------------------------------------------------------
+ * glibc's erff is a scalar call (about 4 ns an element: GELU-heavy models spent a fifth of their time in it). Two
+ * least-squares fits in float64, evaluated in float32: erf(x) = x P(x^2) for |x| < 0.921875 (degree 6 in x^2), and
+ * erf(x) = 1 - exp(Q(|x|)) above, Q (degree 10) fitting log(erfc(x)) up to 3.9375, where erf rounds to 1 in float32.
+ * Max error 2.4 ulp (relative 1.8e-7) over the float32 range, checked against math.erf in the CPU kernel tests.
+ */
+static inline float sg_verff(float x) {
+    const float a = x < 0.0f ? -x : x;
+    const float t = a * a;
+    float p = 8.3650086312e-05f;
+    p = p * t + -8.1413949613e-04f;
+    p = p * t + 5.2009057841e-03f;
+    p = p * t + -2.6859341780e-02f;
+    p = p * t + 1.1283694350e-01f;
+    p = p * t + -3.7612633650e-01f;
+    p = p * t + 1.1283791666e+00f;
+    float q = -5.7482502936e-08f;
+    q = q * a + 1.3691623976e-06f;
+    q = q * a + -1.2710593780e-05f;
+    q = q * a + 4.0960657756e-05f;
+    q = q * a + 2.5884514152e-04f;
+    q = q * a + -3.8819447239e-03f;
+    q = q * a + 2.4878363280e-02f;
+    q = q * a + -1.0826757960e-01f;
+    q = q * a + -6.3318840538e-01f;
+    q = q * a + -1.1296415258e+00f;
+    q = q * a + 2.0717326522e-04f;
+    const float small = a * p;
+    const float big = 1.0f - sg_vexpf(q);
+    const float r = a < 0.921875f ? small : (a < 3.9375f ? big : 1.0f);
+    return x != x ? x : copysignf(r, x);
+}
+
 /* exp as the kernels written once per type (real.h) call it: SG_R(sg_exp) */
 static inline float sg_exp_f32(float x) { return sg_vexpf(x); }
 static inline double sg_exp_f64(double x) { return exp(x); }
