@@ -62,8 +62,25 @@ def layout(shape: tuple) -> tuple[tuple, int]:
     return lay
 
 
+_COALESCED: dict = {}
+
+
 def coalesce(shape: tuple, strides: list) -> tuple[list, list]:
-    """Drop size-1 axes and merge neighbours that every operand walks as one axis: (dims, strides per operand)."""
+    """Drop size-1 axes and merge neighbours that every operand walks as one axis: (dims, strides per operand).
+    Memoised (a replayed graph asks for the same layouts at every step); callers must not modify the lists."""
+    key = (shape, *strides)
+    try:
+        hit = _COALESCED.get(key)
+    except TypeError:  # a list among them: not a key
+        return _coalesce(shape, strides)
+    if hit is None:
+        hit = _coalesce(shape, strides)
+        if len(_COALESCED) < 8192:
+            _COALESCED[key] = hit
+    return hit
+
+
+def _coalesce(shape: tuple, strides: list) -> tuple[list, list]:
     dims: list = []
     merged: list = [[] for _ in strides]
     for axis, size in enumerate(shape):
