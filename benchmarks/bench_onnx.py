@@ -147,6 +147,8 @@ def run(quick: bool = False) -> Table:
     dev = benchlib.singa_device()
     models = [(n, realistic(onnx.load(_light_path(n)))) for n in (QUICK_LIGHT if quick else LIGHT)]
     models.append(("resnet18-style", resnet18()))
+    transformers = _transformers(quick)
+    models += transformers
     rng = np.random.default_rng(0)
     for label, m in models:
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -154,7 +156,12 @@ def run(quick: bool = False) -> Table:
         in_name = sess.get_inputs()[0].name
         shape = [d if isinstance(d, int) else 1 for d in sess.get_inputs()[0].shape]
         for batch in (1,) if quick else (1, 8):
-            x = rng.standard_normal([batch] + shape[1:]).astype(np.float32)
+            if sess.get_inputs()[0].type == "tensor(int64)":  # token ids
+                import _onnx_transformers
+
+                x = _onnx_transformers.sample(batch)
+            else:
+                x = rng.standard_normal([batch] + shape[1:]).astype(np.float32)
             want = sess.run(None, {in_name: x})[0]
             _check(label, batch, rep.run([x])[0], want)
             repeat = 2 if quick else (5 if batch == 1 else 3)
@@ -168,13 +175,34 @@ def run(quick: bool = False) -> Table:
         "optimisations (constants and BatchNormalization folded, the kernel sequence recorded per input shape and "
         "replayed; see singa_onnx.inference) on the CPU backend's default threads; onnxruntime runs with its default "
         f"CPU threads; onnxruntime {ort.__version__}, onnx {onnx.__version__}.")
+    if transformers:
+        table.notes.append(
+            "bert, roberta, gpt2: 4-layer encoders (hidden 256, 4 heads, feed-forward 1024, sequence 128) written in "
+            "PyTorch and exported with torch.onnx.export (opset 17), int64 token ids in; see _onnx_transformers.py.")
+    else:
+        table.notes.append("The transformer exports need torch (not installed): not measured.")
     table.notes.append(
-        "Nearly all of singa_onnx's time is in the CPU backend's kernels (the Python left per run is about 1-3 ms at "
-        "batch 1), and convolution is most of it: im2col + sgemm per image, where onnxruntime's MLAS runs blocked "
-        "NCHWc kernels. Fully connected layers at batch 1 are matrix-vector products (OpenBLAS sgemv, near memory "
-        "speed); depthwise convolutions have their own direct kernels.")
+        "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
+        "weights kept while the inference plan lives; fully connected layers at batch 1 are matrix-vector products "
+        "(OpenBLAS sgemv, near memory speed); depthwise convolutions have their own direct kernels. The transformers "
+        "run as exported: no attention, LayerNorm or GELU fusion yet (LayerNormalization is ten kernels, each "
+        "MatMul's bias its own Add), and a replayed run still costs Python per kernel call (about 500 calls for "
+        "these models).")
     table.notes.append(benchlib.openmp_note())
     return table
+
+
+def _transformers(quick: bool) -> list:
+    """(label, model) of the PyTorch transformer exports, or none without torch."""
+    if benchlib.torch is None:
+        return []
+    import warnings
+
+    import _onnx_transformers
+
+    with warnings.catch_warnings():  # torch's notice that the TorchScript-based exporter is the legacy one
+        warnings.simplefilter("ignore")
+        return [(k, _onnx_transformers.export(k)) for k in (["bert"] if quick else _onnx_transformers.KINDS)]
 
 
 def _check(label: str, batch: int, got: np.ndarray, want: np.ndarray) -> None:
