@@ -404,3 +404,27 @@ def test_profiling_off_by_default(dev):
     assert prof.profiled == 0
     assert not prof.events
     assert "no graph iteration profiled" in prof.report()
+
+
+def test_element_wise_calls_are_replayed_as_bound_launches(dev):
+    """Element-wise kernels work out their launch once (kernel.bind): contiguous, broadcast and transposed operands
+    replay as bound launches and compute what the eager step computed, with new input values."""
+    import functools
+
+    rng = np.random.default_rng(3)
+    a = tensor.from_numpy(rng.standard_normal((4, 5, 6)).astype(np.float32), dev)
+    b = tensor.from_numpy(rng.standard_normal((5, 1)).astype(np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.mul(ops.add(a, b), 3.0)  # broadcast add, then a contiguous scale
+        z = ops.sub(ops.transpose(y, (2, 0, 1)), 1.0)  # a transposed operand
+        w = ops.relu(z)
+    g = rec.finish(sequential=True)
+    assert any(isinstance(fn, functools.partial) for fn, _, _ in g._exec)
+    for _ in range(2):
+        an = rng.standard_normal((4, 5, 6)).astype(np.float32)
+        bn = rng.standard_normal((5, 1)).astype(np.float32)
+        a.copy_from_numpy(an)
+        b.copy_from_numpy(bn)
+        g.run()
+        want = np.maximum(np.transpose((an + bn) * 3.0, (2, 0, 1)) - 1.0, 0.0)
+        np.testing.assert_array_equal(tensor.to_numpy(w), want.astype(np.float32))

@@ -20,6 +20,7 @@ table from the backend's element-wise factory and its module's `_<primitive>` fu
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -151,8 +152,35 @@ def elementwise_kernel(backend: str, entry: expressions.Elementwise, contig: lis
                 return
             run((out, x), (alpha, beta))
 
+    def bind(*views, alpha=0.0, beta=0.0) -> Callable[[], None] | None:
+        """The call `kernel(*views, ...)` as a zero-argument callable with its launch arguments worked out once (a
+        graph replays it with the same views at every step), or None where it takes more than one launch. The
+        views were checked when the call was recorded."""
+        if len(views) != (3 if binary else 2) or not all(hasattr(v, "strides") for v in views):
+            return None  # parameters given positionally: left to the kernel itself
+        out = views[0]
+        extra = (alpha, beta) if (not binary or entry.takes_params) else ()
+        n = math.prod(out.shape)
+        if n == 0:
+            return _nothing
+        lead = (out.buffer.device,) if with_device else ()
+        dims, strides = coalesce(out.shape, [v.strides for v in views])
+        handles = [a for v in views for a in (v.buffer.handle, v.offset)]
+        dt = views[1].dtype
+        if not dims or (len(dims) == 1 and all(st[0] == 1 for st in strides)):
+            return functools.partial(contig[dt], *lead, n, *handles, *extra)
+        if not max_dims or len(dims) <= max_dims:
+            return functools.partial(strided[dt], *lead, len(dims), dims + [x for st in strides for x in st],
+                                     *handles, *extra)
+        return None
+
     kernel.__name__ = name
+    kernel.bind = bind
     return kernel
+
+
+def _nothing() -> None:
+    pass
 
 
 def contiguous(v, copy: Callable):
