@@ -188,6 +188,27 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
     _check(status, "matmul", views)
 
 
+def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Callable[[], None] | None:
+    """_matmul's call as a zero-argument launch for a graph replay (None where an operand needs a contiguous copy)."""
+    if any(v.strides != _layout(v.shape)[0] for v in (out, a, b)) or not (a.dtype == b.dtype == out.dtype):
+        return None
+    views = (out, a, b)
+    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])
+    args = (a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle, out.offset, batch, ba,
+            bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha, beta)
+    launch = lib.sg_matmul
+
+    def run() -> None:
+        status = launch(*args)
+        if status:
+            _check(status, "matmul", views)
+
+    return run
+
+
+_matmul.bind = _bind_matmul
+
+
 # -- convolution and pooling --------------------------------------------------------------------------------------
 
 
