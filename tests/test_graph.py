@@ -428,3 +428,23 @@ def test_element_wise_calls_are_replayed_as_bound_launches(dev):
         g.run()
         want = np.maximum(np.transpose((an + bn) * 3.0, (2, 0, 1)) - 1.0, 0.0)
         np.testing.assert_array_equal(tensor.to_numpy(w), want.astype(np.float32))
+
+
+def test_the_recording_steps_cached_blocks_are_given_back_before_the_arena(dev):
+    """Finishing a recording empties the pool's cache (the eager step's temporaries), so that the process does not
+    hold them and the planned arena at once; the replay still computes the step."""
+    rng = np.random.default_rng(5)
+    x = tensor.from_numpy(rng.standard_normal((64, 256)).astype(np.float32), dev)
+    w1, w2 = (tensor.from_numpy(rng.standard_normal((256, 256)).astype(np.float32), dev) for _ in range(2))
+    dev.pool.empty_cache()
+    with graph.Recorder(dev) as rec:
+        a, b = ops.matmul(x, w1), ops.matmul(x, w2)  # alive together: three temporaries, two planned blocks
+        y = ops.sum(ops.relu(ops.add(a, b)))
+        del a, b
+    assert dev.pool.bytes_cached > 0  # the step's temporaries went back to the cache
+    g = rec.finish()
+    assert dev.pool.bytes_cached == 0
+    g.run()
+    xn = x.to_numpy()
+    np.testing.assert_allclose(tensor.to_numpy(y), np.sum(np.maximum(xn @ w1.to_numpy() + xn @ w2.to_numpy(), 0)),
+                               rtol=1e-4)

@@ -42,6 +42,16 @@ def _load_kernels():
 VECTOR_PATH, ffi, lib = _load_kernels()
 
 
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent on musl and other C libraries
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -94,6 +104,12 @@ class CpuDevice(Device):
 
     def synchronize(self) -> None:
         """Kernels run synchronously on the calling thread (and its OpenMP team): nothing to wait for."""
+
+    def trim(self) -> None:
+        """glibc keeps freed blocks below its mmap threshold (which grows to 32 MiB as large blocks are freed) in the
+        heap: malloc_trim gives the free pages back."""
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
 
     def description(self) -> str:
         return (f"{self.name} ({_cpu_model()}, {os.cpu_count()} logical cores, {lib.sg_get_num_threads()} threads; "

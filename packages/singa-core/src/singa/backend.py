@@ -181,11 +181,16 @@ class MemoryPool:
         self._cache.setdefault(cls, []).append(handle)
 
     def empty_cache(self) -> None:
-        blocks = [h for hs in self._cache.values() for h in hs]
-        self._cache.clear()
-        self.bytes_cached = 0
-        for h in blocks:
-            self._raw_free(h)
+        """Give every cached block back to the device. Each block is taken with one atomic `pop`, so a thread
+        allocating meanwhile never gets a block that is being freed."""
+        for cls, handles in list(self._cache.items()):
+            while True:
+                try:
+                    h = handles.pop()
+                except IndexError:
+                    break
+                self.bytes_cached -= cls
+                self._raw_free(h)
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.bytes_in_use
@@ -334,6 +339,11 @@ class Device:
     @staticmethod
     def EnableLazyAlloc(enable: bool) -> None:
         """Accepted for compatibility: every backend here allocates on first write through its pool."""
+
+    def trim(self) -> None:
+        """Return memory the device's allocator keeps after frees to the system, where it keeps any (the CPU backend:
+        glibc's malloc_trim). Graph mode calls it after giving the recording step's cached blocks back, before it
+        allocates its planned arena, so that the process does not hold both. Default: nothing."""
 
     def capture(self, run: Callable[[], None]) -> Callable[[], None] | None:
         """Record the device work that `run` launches into a graph the device replays in one call (CUDA Graphs),

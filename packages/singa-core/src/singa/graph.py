@@ -761,6 +761,10 @@ class Graph:
         lives = [(min(first[k] for k in groups[g]), max(last[k] for k in groups[g])) for g in temps]
         offsets, total = plan_offsets(sizes, lives)
         blocks = split_arena(offsets, sizes, total)
+        # the recording step's temporaries are cached blocks of the pool now: give them back before the arena that
+        # replaces them is allocated, so that the process never holds both
+        device.pool.empty_cache()
+        device.trim()
         self._blocks = [device.alloc(end - start) for start, end in blocks]
         starts = [start for start, _ in blocks]
         self._place: dict[int, tuple[Buffer, int]] = {}
