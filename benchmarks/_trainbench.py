@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import benchlib
-from benchlib import Table, ratio, torch
+from benchlib import Table, best_time, ratio, torch
 from singa import data, opt, tensor
 
 LR, MOMENTUM = 0.01, 0.9
@@ -283,6 +283,50 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     return table
 
 
+def measure_inference(spec: Spec, quick: bool) -> Table:
+    """Inference of the same model at the same batch: singa `model.eval()` then `forward` (eager), against torch's
+    `eval()` under `no_grad`, same weights (BatchNorm with its running statistics), outputs compared."""
+    dev = benchlib.singa_device()
+    title = spec.title.replace("Training step", "Inference").replace("ms per step", "ms per batch")
+    table = Table(title=title, script=spec.script,
+                  headers=["framework", "forward (ms)", "vs torch", "max rel. diff of the outputs vs torch"])
+    batches, _ = make_batches(spec, 2)
+    init = initial_states(spec, dev)
+    m, tx, _ = singa_model(spec, dev, use_graph=False, init=init)
+    m.eval()
+    x = batches[0][0]
+    tx.copy_from_numpy(x)
+
+    def singa_forward():
+        out = m.forward(tx)
+        dev.synchronize()
+        return out
+
+    repeat = 3 if quick else 10
+    t_singa = best_time(singa_forward, repeat, warmup=2)
+    got = tensor.to_numpy(singa_forward())
+    t_torch, diff = None, None
+    if torch is not None and spec.make_torch is not None:
+        import _torch_models as tm
+
+        module = spec.make_torch()
+        tm.load_singa_weights(module, init)
+        module.eval()
+        tx_t = torch.from_numpy(x)
+        with torch.no_grad():
+            t_torch = best_time(lambda: module(tx_t), repeat, warmup=2)
+            want = module(tx_t).numpy()
+        diff = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    table.rows.append(["singa eager", t_singa * 1e3, benchlib.ratio(t_singa, t_torch),
+                       None if diff is None else f"{diff:.1e}"])
+    if t_torch is not None:
+        table.rows.append([f"torch {torch.__version__}", t_torch * 1e3, 1.0, None])
+    table.notes.append(
+        f"Batch {spec.batch}, the training benchmark's initial weights; best of {repeat} batches after two warm-ups "
+        f"(singa's timer stops after `dev.synchronize()`); torch {benchlib.torch_threads()} threads.")
+    return table
+
+
 def profile(spec: Spec, steps: int = 5, top: int = 15, use_graph: bool = False) -> str:
     """Where a singa step's time goes: cProfile of `steps` steps after a warm-up, by function (kernels are the
     `_kernels.sg_*` built-ins), and the Python share (total minus the kernels')."""
@@ -324,7 +368,7 @@ def profile(spec: Spec, steps: int = 5, top: int = 15, use_graph: bool = False) 
     return "\n".join(lines) + "\n" + out.getvalue()
 
 
-def main(run: Callable[..., Table], spec_fn: Callable[[], Spec]) -> None:
+def main(run: Callable[..., Table | list[Table]], spec_fn: Callable[[], Spec]) -> None:
     """Standalone entry point: the table (`--quick` for a short run), or `--profile` for singa's kernel breakdown."""
     import argparse
 
@@ -339,8 +383,10 @@ def main(run: Callable[..., Table], spec_fn: Callable[[], Spec]) -> None:
     warning = benchlib.busy_warning() if hasattr(benchlib, "busy_warning") else None
     if warning:
         print(f"warning: {warning}\n")
-    table = run(quick=args.quick)
-    print(f"### {table.title}\n")
-    print(table.markdown())
-    for note in table.notes:
-        print(f"\n{note}")
+    result = run(quick=args.quick)
+    for table in result if isinstance(result, list) else [result]:
+        print(f"### {table.title}\n")
+        print(table.markdown())
+        for note in table.notes:
+            print(f"\n{note}")
+        print()

@@ -100,9 +100,10 @@ def spec(batch: int = BATCH) -> _trainbench.Spec:
     )
 
 
-def run(quick: bool = False) -> Table:
-    """ResNet-18 training step: singa eager / graph vs torch; peak memory; loss agreement vs torch's own spread."""
-    return _trainbench.measure(spec(), quick, nudge=NUDGE)
+def run(quick: bool = False) -> list[Table]:
+    """ResNet-18 training step: singa eager / graph vs torch; peak memory; loss agreement vs torch's own spread;
+    then inference of the same network."""
+    return [_trainbench.measure(spec(), quick, nudge=NUDGE), _trainbench.measure_inference(spec(), quick)]
 
 
 if __name__ == "__main__":
