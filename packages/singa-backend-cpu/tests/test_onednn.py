@@ -214,3 +214,22 @@ def test_one_openmp_runtime_in_the_process(monkeypatch):
     with open("/proc/self/maps") as f:
         runtimes = {line.split()[-1] for line in f if "gomp" in line.rsplit("/", 1)[-1] and "/" in line}
     assert len(runtimes) == 1, runtimes
+
+
+def test_a_new_thread_count_gets_its_own_plan(monkeypatch):
+    import singa_backend_cpu
+
+    monkeypatch.setenv(onednn.SETTING, "1")
+    x = RNG.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    ref = conv_ref(x, w, np.zeros(16), 1, 1, 1)
+    tx, tw = tensor.from_numpy(x, DEV), tensor.from_numpy(w, DEV)
+    before = singa_backend_cpu.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            singa_backend_cpu.set_num_threads(n)
+            y = tensor.to_numpy(autograd.conv2d(tx, tw, padding=(1, 1, 1, 1)))
+            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
+        assert {k[2] for k in onednn._thread.plans} == {1, 2}
+    finally:
+        singa_backend_cpu.set_num_threads(before)

@@ -508,11 +508,19 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
     plan.run(addresses, _thread, constant)
 
 
+def _threads() -> int:
+    from singa_backend_cpu.device import lib as kernels
+
+    return int(kernels.sg_get_num_threads())
+
+
 def _plan(kind: str, g, key: tuple, blocked: bool) -> _Plan:
     """This thread's plan for `key` in one layout (made on first use; the choice was made with it, so it builds)."""
-    plan = _thread.plans.get((key, blocked))
+    # oneDNN sizes a primitive's work split for the OpenMP thread count at its creation: a plan per count
+    pkey = (key, blocked, _threads())
+    plan = _thread.plans.get(pkey)
     if plan is None:
-        plan = _thread.plans[(key, blocked)] = _conv_plan(kind, g, key[2] == 4, blocked)
+        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2] == 4, blocked)
     return plan
 
 
