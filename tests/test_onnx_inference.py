@@ -464,3 +464,45 @@ def test_conv_weights_are_constant_while_the_plan_lives(dev, monkeypatch, settin
     rep.inference_plan()
     assert constant_token(weight.buffer) == 0
     _reset_onednn()
+
+
+def _gelu_model(form: str, erf_is_output: bool = False):
+    """x -> MatMul -> GELU in one of the spellings exporters write -> y."""
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=nh.from_array(np.array(v, np.float32)))  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"])]
+    if form == "div":
+        nodes += [c("s", 1.4142135381698608), helper.make_node("Div", ["h", "s"], ["d"])]
+    else:
+        nodes += [c("s", 0.7071067690849304), helper.make_node("Mul", ["s", "h"], ["d"])]
+    nodes += [helper.make_node("Erf", ["d"], ["e"]), c("one", 1.0), helper.make_node("Add", ["one", "e"], ["a"]),
+              c("half", 0.5)]
+    if form == "half-first":
+        nodes += [helper.make_node("Mul", ["h", "half"], ["hh"]), helper.make_node("Mul", ["hh", "a"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    outs = [vi("y", ["N", 16])] + ([vi("e", ["N", 16])] if erf_is_output else [])
+    return make_model(nodes, [vi("x", ["N", 8])], outs, [nh.from_array(arr(8, 16), "W")])
+
+
+@pytest.mark.parametrize("form", ["div", "mul", "half-first"])
+def test_gelu_spelled_out_runs_as_one_node(dev, form):
+    m = _gelu_model(form)
+    rep = sonnx.prepare(m, dev)
+    x = arr(5, 8, scale=2.0)
+    want = ort_run(m, {"x": x})[0]
+    for _ in range(3):
+        np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-5, atol=1e-6)
+    kinds = [n.op_type for n in rep.inference_plan().program.nodes]
+    assert kinds == ["MatMul", "Gelu"], kinds
+
+
+def test_gelu_whose_parts_are_read_elsewhere_is_left_as_it_is(dev):
+    m = _gelu_model("div", erf_is_output=True)
+    rep = sonnx.prepare(m, dev)
+    x = arr(5, 8, scale=2.0)
+    want = ort_run(m, {"x": x})
+    for _ in range(3):
+        got = rep.run([x])
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "Erf" in [n.op_type for n in rep.inference_plan().program.nodes]
