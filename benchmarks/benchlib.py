@@ -145,14 +145,26 @@ def torch_threads() -> int | None:
 
 
 def cpu_model() -> str:
+    """The CPU's model name, with its vendor, family and model numbers and the vector units that matter here (a
+    virtual machine often reports only "Intel(R) Xeon(R) Processor", which does not say which generation)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    units = [u for u, f in (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX-512 BF16", "avx512_bf16"),
+                            ("AMX", "amx_tile")) if f in flags]
+    detail = ", ".join(x for x in (fields.get("vendor_id"), fields.get("cpu family") and
+                                   f"family {fields['cpu family']} model {fields.get('model', '?')}") if x)
+    extra = "; ".join(x for x in (detail, " ".join(units)) if x)
+    return f"{name} ({extra})" if extra else name
 
 
 def memory_gib() -> float | None:
