@@ -79,9 +79,13 @@ def _providers() -> str:
     ran = onednn.choices()
     if not ran:
         return onednn.status()
-    on = sorted({f"{k[0]}" for k, v in ran.items() if v})
-    off = sum(1 for v in ran.values() if not v)
-    return f"{onednn.status()}; oneDNN ran {', '.join(on) or 'none'}; own kernels kept for {off} (op, shape) pairs"
+    by = {}
+    for (kind, *_), provider in ran.items():
+        by.setdefault(provider, set()).add(kind)
+    own = sum(1 for v in ran.values() if v == onednn.OWN)
+    parts = [f"{p} ran {', '.join(sorted(k))}" for p, k in sorted(by.items()) if p != onednn.OWN]
+    return (f"{onednn.status()}; {'; '.join(parts) or 'oneDNN ran none'}; the backend's own kernels kept for {own} "
+            "(op, shape) pairs, this run's earlier tables (depthwise convolutions) included")
 
 
 def run(quick: bool = False) -> Table:

@@ -425,6 +425,24 @@ def test_vectorised_erf_is_within_three_ulp():
     assert np.signbit(get(out)[4])  # erf(-0) = -0
 
 
+def test_vectorised_tanh_is_within_three_ulp():
+    # every 997th float32 bit pattern, a fine sweep of [-12, 12], then the edges; the reference is numpy in float64
+    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], np.linspace(-12, 12, 200001, dtype=np.float32)])
+    out = empty(x.shape, np.float32)
+    K["tanh"](out, put(x))
+    got = get(out).astype(np.float64)
+    ref = np.tanh(x.astype(np.float64))
+    ulp = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
+    assert np.max(np.abs(got - ref) / ulp) <= 3.0
+    edge = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-40, 0.625, 44.0, 100.0, -9.0], np.float32)
+    out = empty(edge.shape, np.float32)
+    K["tanh"](out, put(edge))
+    close(get(out), np.tanh(edge.astype(np.float64)).astype(np.float32), np.float32, rtol=3e-7, atol=0)
+    assert np.signbit(get(out)[4])  # tanh(-0) = -0
+
+
 # -- reductions ---------------------------------------------------------------------------------------------------
 
 _REDUCE_REF = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min,

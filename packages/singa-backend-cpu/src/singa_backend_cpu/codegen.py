@@ -56,6 +56,7 @@ BITS_TYPE = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
 _COSTLY = re.compile(r"\b(exp|log|sqrt|sin|cos|tan|asin|acos|atan|sinh|cosh|tanh|asinh|acosh|atanh|erf|pow|fmod)\(")
 _EXP_CALL = re.compile(r"\bexp\(")
 _ERF_CALL = re.compile(r"\berf\(")
+_TANH_CALL = re.compile(r"\btanh\(")
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[fF]\b")
 
 HEADER = """\
@@ -98,8 +99,9 @@ def elementwise_kernels(table: dict) -> list[Kernel]:
             out = CTYPES[BOOL] if entry.out_bool else ct
             expr = entry.expression(dt)
             if ct.compute == "float":
-                expr = _EXP_CALL.sub("sg_vexpf(", expr)  # vectorisable expf and erff, see common.h
+                expr = _EXP_CALL.sub("sg_vexpf(", expr)  # vectorisable expf, erff and tanhf: common.h
                 expr = _ERF_CALL.sub("sg_verff(", expr)
+                expr = _TANH_CALL.sub("sg_vtanhf(", expr)
             elif ct.compute == "double":
                 expr = _FLOAT_LITERAL.sub(r"\1", expr)  # 0.70710678f would cost double its last 29 bits
             names = ("x",) if entry.arity == 1 else ("a", "b")
