@@ -23,13 +23,31 @@ import numpy as np
 
 import benchlib
 from benchlib import Table, best_time, ratio, torch
-from singa import data, opt, tensor
+from singa import data, layer, model, opt, tensor
 
 LR, MOMENTUM = 0.01, 0.9
 LOSS_STEPS = 20
 PEAK_STEPS = 3
 EARLY_STEPS = 5  # differences grow along training; the first steps show the agreement of the arithmetic itself
 NUDGE_SEEDS = 3  # torch's own spread: this many runs, each with its initial weights nudged by another random draw
+
+
+class Classifier(model.Model):
+    """A model trained with softmax cross-entropy, SINGA's way (`train_one_batch`, `set_optimizer`): the training
+    benchmarks' models subclass it and write `forward`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.softmax_cross_entropy(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+    def set_optimizer(self, optimizer) -> None:
+        self.optimizer = optimizer
 
 
 @dataclass

@@ -34,27 +34,10 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = (rng.standard_normal((c * mult, 1, k, k)) / k).astype(np.float32)
     b = rng.standard_normal(c * mult).astype(np.float32)
-    tx, tw, tb = (ops.from_numpy(a, dev) for a in (x, wt, b))
-    kw = {"stride": s, "padding": p, "groups": c}
-    y = ops.conv2d(tx, tw, tb, **kw)
-    dy_np = rng.standard_normal(y.shape).astype(np.float32)
-    dy = ops.from_numpy(dy_np, dev)
-    singa = {
-        "forward": lambda: ops.conv2d(tx, tw, tb, **kw),
-        "backward data": lambda: ops.conv2d_backward_data(dy, tw, x.shape, **kw),
-        "backward weight": lambda: ops.conv2d_backward_weight(dy, tx, wt.shape, **kw),
-    }
-    tfn = {}
-    if torch is not None:
-        t, twt, ttb, tdy = (torch.from_numpy(a) for a in (x, wt, b, dy_np))
-
-        def grads(mask):
-            return torch.ops.aten.convolution_backward(tdy, t, twt, None, [s, s], [p, p], [1, 1], False, [0, 0], c,
-                                                       mask)
-
-        tfn["forward"] = lambda: torch.nn.functional.conv2d(t, twt, ttb, s, p, 1, c)
-        tfn["backward data"] = lambda: grads([True, False, False])[0]
-        tfn["backward weight"] = lambda: grads([False, True, False])[1]
+    y_shape = ops.conv2d(ops.from_numpy(x, dev), ops.from_numpy(wt, dev), None, stride=s, padding=p, groups=c).shape
+    dy_np = rng.standard_normal(y_shape).astype(np.float32)
+    singa, tfn = benchlib.conv_passes(dev, x, wt, b, dy_np, s, p, groups=c)
+    if tfn:
         with torch.no_grad():
             for what in singa:
                 _check(ops.to_numpy(singa[what]()), tfn[what]().numpy(), f"{label} {what}")

@@ -34,29 +34,12 @@ def _case(dev, rng, case: tuple, repeat: int) -> list[list]:
     label, n, (c, h, w), k, kk, s, p = case
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = (rng.standard_normal((k, c, kk, kk)) / np.sqrt(c * kk * kk)).astype(np.float32)
-    tx, tw = ops.from_numpy(x, dev), ops.from_numpy(wt, dev)
-    kw = {"stride": s, "padding": p}
-    y = ops.conv2d(tx, tw, None, **kw)
+    y = ops.conv2d(ops.from_numpy(x, dev), ops.from_numpy(wt, dev), None, stride=s, padding=p)
     oh, ow = y.shape[2], y.shape[3]
     flops = 2.0 * n * k * oh * ow * c * kk * kk  # the same for each of the three passes
     dy_np = rng.standard_normal(y.shape).astype(np.float32)
-    dy = ops.from_numpy(dy_np, dev)
-    singa = {
-        "forward": lambda: ops.conv2d(tx, tw, None, **kw),
-        "backward data": lambda: ops.conv2d_backward_data(dy, tw, x.shape, **kw),
-        "backward weight": lambda: ops.conv2d_backward_weight(dy, tx, wt.shape, **kw),
-    }
-    tfn = {}
-    if torch is not None:
-        t, twt, tdy = (torch.from_numpy(a) for a in (x, wt, dy_np))
-
-        def grads(mask):
-            return torch.ops.aten.convolution_backward(tdy, t, twt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1,
-                                                       mask)
-
-        tfn["forward"] = lambda: torch.nn.functional.conv2d(t, twt, None, s, p)
-        tfn["backward data"] = lambda: grads([True, False, False])[0]
-        tfn["backward weight"] = lambda: grads([False, True, False])[1]
+    singa, tfn = benchlib.conv_passes(dev, x, wt, None, dy_np, s, p)
+    if tfn:
         with torch.no_grad():
             for what in singa:
                 got, want = ops.to_numpy(singa[what]()), tfn[what]().numpy()

@@ -122,6 +122,36 @@ def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int
     return rows
 
 
+def conv_passes(dev, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dy: np.ndarray, stride: int, pad: int,
+                groups: int = 1) -> tuple[dict, dict]:
+    """({pass: callable} for singa, {pass: callable} for torch, empty without torch) of a 2-D convolution's three
+    passes, forward (with bias `b` when given), data gradient and weight gradient, on the same arrays."""
+    from singa import ops
+
+    tx, tw, tdy = (ops.from_numpy(a, dev) for a in (x, w, dy))
+    tb = None if b is None else ops.from_numpy(b, dev)
+    kw = {"stride": stride, "padding": pad, "groups": groups}
+    singa = {
+        "forward": lambda: ops.conv2d(tx, tw, tb, **kw),
+        "backward data": lambda: ops.conv2d_backward_data(tdy, tw, x.shape, **kw),
+        "backward weight": lambda: ops.conv2d_backward_weight(tdy, tx, w.shape, **kw),
+    }
+    if torch is None:
+        return singa, {}
+    t, twt, pdy = (torch.from_numpy(a) for a in (x, w, dy))
+    ptb = None if b is None else torch.from_numpy(b)
+
+    def grads(mask):
+        return torch.ops.aten.convolution_backward(pdy, t, twt, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0],
+                                                   groups, mask)
+
+    return singa, {
+        "forward": lambda: torch.nn.functional.conv2d(t, twt, ptb, stride, pad, 1, groups),
+        "backward data": lambda: grads([True, False, False])[0],
+        "backward weight": lambda: grads([False, True, False])[1],
+    }
+
+
 def layer_table(title: str, script: str, cases: list, quick_cases: list[int], quick: bool,
                 case_rows: Callable[..., list[list]]) -> Table:
     """The per-layer table of bench_pool / bench_conv: case_rows(dev, rng, n, case, repeat) gives a layer's rows

@@ -14,7 +14,7 @@ from __future__ import annotations
 import _trainbench
 
 from benchlib import Table, torch
-from singa import layer, model
+from singa import layer
 
 BATCH = 32
 NUDGE = 1e-6
@@ -45,7 +45,7 @@ class BasicBlock(layer.Layer):
         return self.relu2(self.add(y, s))
 
 
-class ResNet18(model.Model):
+class ResNet18(_trainbench.Classifier):
     """CIFAR-style ResNet-18; blocks are attributes block0..block7 (the torch twin's names)."""
 
     def __init__(self, num_classes: int = 10):
@@ -62,22 +62,12 @@ class ResNet18(model.Model):
         self.pool = layer.AvgPool2d(4, 4)
         self.flatten = layer.Flatten()
         self.linear = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
 
     def forward(self, x):
         y = self.relu(self.bn1(self.conv1(x)))
         for i in range(self.num_blocks):
             y = getattr(self, f"block{i}")(y)
         return self.linear(self.flatten(self.pool(y)))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-    def set_optimizer(self, optimizer):
-        self.optimizer = optimizer
 
 
 def spec(batch: int = BATCH) -> _trainbench.Spec:
