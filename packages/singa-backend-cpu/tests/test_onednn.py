@@ -233,3 +233,24 @@ def test_a_new_thread_count_gets_its_own_plan(monkeypatch):
         assert {k[2] for k in onednn._thread.plans} == {1, 2}
     finally:
         singa_backend_cpu.set_num_threads(before)
+
+
+def test_a_failing_onednn_call_names_the_kernel_and_its_operands(monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, "1")
+    x = tensor.from_numpy(RNG.standard_normal((1, 4, 6, 6)).astype(np.float32), DEV)
+    w = tensor.from_numpy(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32), DEV)
+    autograd.conv2d(x, w, padding=(1, 1, 1, 1))  # plans made
+
+    def fail(self, *args, **kwargs):
+        self.lib.check(5, "dnnl_primitive_execute", self.what)
+
+    monkeypatch.setattr(onednn._Plan, "run", fail)
+    with pytest.raises(onednn.OneDnnError, match=r"cpu kernel conv2d\(float32\[1, 4, 6, 6\].*runtime error"):
+        autograd.conv2d(x, w, padding=(1, 1, 1, 1))
+
+    def out_of_memory(self, *args, **kwargs):
+        self.lib.check(1, "dnnl_primitive_execute", self.what)
+
+    monkeypatch.setattr(onednn._Plan, "run", out_of_memory)
+    with pytest.raises(MemoryError, match="cpu kernel conv2d"):
+        autograd.conv2d(x, w, padding=(1, 1, 1, 1))

@@ -31,6 +31,8 @@ from typing import Any
 
 import cffi
 
+from singa.kernel_args import describe
+
 SETTING = "SINGA_ONEDNN"
 MODES = ("auto", "1", "nchw", "0")
 DISTRIBUTION = "onednn-cpu-gomp"
@@ -151,7 +153,8 @@ class _Library:
 
     def check(self, status: int, call: str, what: str) -> None:
         if status:
-            raise OneDnnError(f"oneDNN {call} failed for {what}: {_STATUS.get(status, f'status {status}')}")
+            message = f"oneDNN {call} failed for {what}: {_STATUS.get(status, f'status {status}')}"
+            raise MemoryError(message) if status == 1 else OneDnnError(message)
 
 
 _library: _Library | None = None
@@ -505,7 +508,10 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
         token = constant_token(weights.buffer)
         if token:
             constant = ((key, provider, token, weights.offset), weights.buffer, token)
-    plan.run(addresses, _thread, constant)
+    try:
+        plan.run(addresses, _thread, constant)
+    except (OneDnnError, MemoryError) as exc:
+        raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
 
 
 def _threads() -> int:
