@@ -295,7 +295,7 @@ UNARY = [
     Unary("tanh", tensor.tanh, np.tanh, None, FLOATS),
     Unary("sigmoid", tensor.sigmoid, _sigmoid, None, FLOATS),
     Unary("sign", tensor.sign, np.sign, np.sign, NUMERIC),
-    Unary("relu", tensor.relu, lambda x: np.where(x > 0, x, 0.0 * x).astype(np.float64),
+    Unary("relu", tensor.relu, lambda x: np.where(x > 0, x, np.where(np.isnan(x), x, 0.0)).astype(np.float64),
           lambda a: np.maximum(a, 0), NUMERIC),
     Unary("ceil", tensor.ceil, np.ceil, None, FLOATS),
     Unary("floor", tensor.floor, np.floor, None, FLOATS),
