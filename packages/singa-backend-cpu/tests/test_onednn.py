@@ -254,3 +254,30 @@ def test_a_failing_onednn_call_names_the_kernel_and_its_operands(monkeypatch):
     monkeypatch.setattr(onednn._Plan, "run", out_of_memory)
     with pytest.raises(MemoryError, match="cpu kernel conv2d"):
         autograd.conv2d(x, w, padding=(1, 1, 1, 1))
+
+
+def test_a_new_python_thread_runs_onednn_with_the_backends_thread_count(monkeypatch):
+    """set_num_threads applies to every thread: a new Python thread's OpenMP setting comes from the environment, and
+    oneDNN's weight gradient sums per thread, so a thread on another count would compute other bits."""
+    import os
+
+    import singa_backend_cpu
+    from singa import ops
+
+    monkeypatch.setenv(onednn.SETTING, "1")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: every thread count is 1")
+    x = ops.from_numpy(RNG.standard_normal((64, 16, 12, 12)).astype(np.float32), DEV)
+    dy = ops.from_numpy(RNG.standard_normal((64, 32, 12, 12)).astype(np.float32), DEV)
+    before = singa_backend_cpu.get_num_threads()
+    try:
+        singa_backend_cpu.set_num_threads(1)
+        want = ops.to_numpy(ops.conv2d_backward_weight(dy, x, (32, 16, 3, 3), padding=1))
+        got = []
+        t = threading.Thread(target=lambda: got.append(
+            ops.to_numpy(ops.conv2d_backward_weight(dy, x, (32, 16, 3, 3), padding=1))))
+        t.start()
+        t.join()
+    finally:
+        singa_backend_cpu.set_num_threads(before)
+    np.testing.assert_array_equal(got[0], want)

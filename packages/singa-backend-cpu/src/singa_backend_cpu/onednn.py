@@ -335,6 +335,7 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self._stream = None
         self.plans: dict[tuple, _Plan] = {}
+        self.omp_threads = 0  # the OpenMP team size this thread was given for oneDNN (0: not yet)
         self._arena = None
         self._arena_bytes = 0
         self._arena_base = 0
@@ -500,6 +501,12 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
     if provider == OWN:
         ours()
         return
+    threads = _threads()
+    if _thread.omp_threads != threads:
+        # oneDNN sizes its OpenMP team from the calling thread's setting, which a new Python thread inherits from the
+        # environment, not from set_num_threads: align it with the backend's count (results depend on the split)
+        _kernels().sg_set_num_threads(threads)
+        _thread.omp_threads = threads
     plan = _plan(kind, g, key, provider == BLOCKED)
     constant = None
     if weights is not None and plan.weight_step >= 0:
@@ -514,10 +521,15 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
 
 
-def _threads() -> int:
-    from singa_backend_cpu.device import lib as kernels
+def _kernels():
+    from singa_backend_cpu.device import lib
 
-    return int(kernels.sg_get_num_threads())
+    return lib
+
+
+def _threads() -> int:
+    """The backend's thread count (set_num_threads / SINGA_NUM_THREADS), the same in every thread."""
+    return int(_kernels().sg_get_num_threads())
 
 
 def _plan(kind: str, g, key: tuple, blocked: bool) -> _Plan:
