@@ -507,7 +507,7 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
         # environment, not from set_num_threads: align it with the backend's count (results depend on the split)
         _kernels().sg_set_num_threads(threads)
         _thread.omp_threads = threads
-    plan = _plan(kind, g, key, provider == BLOCKED)
+    plan = _plan(kind, g, key, provider == BLOCKED, threads)
     constant = None
     if weights is not None and plan.weight_step >= 0:
         from singa.backend import constant_token
@@ -532,10 +532,10 @@ def _threads() -> int:
     return int(_kernels().sg_get_num_threads())
 
 
-def _plan(kind: str, g, key: tuple, blocked: bool) -> _Plan:
+def _plan(kind: str, g, key: tuple, blocked: bool, threads: int) -> _Plan:
     """This thread's plan for `key` in one layout (made on first use; the choice was made with it, so it builds)."""
     # oneDNN sizes a primitive's work split for the OpenMP thread count at its creation: a plan per count
-    pkey = (key, blocked, _threads())
+    pkey = (key, blocked, threads)
     plan = _thread.plans.get(pkey)
     if plan is None:
         plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2] == 4, blocked)
@@ -548,9 +548,10 @@ def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
     found = {}
     if library() is None or mode() == "0":
         return found
+    threads = _threads()
     for provider, blocked in ((BLOCKED, True), (PLAIN, False)):
         try:
-            found[provider] = _plan(kind, g, key, blocked)
+            found[provider] = _plan(kind, g, key, blocked, threads)
         except OneDnnError:
             continue
     return found
