@@ -369,8 +369,8 @@ def profile(spec: Spec, steps: int = 5, top: int = 15, use_graph: bool = False) 
     stats = pstats.Stats(prof)
     kernels: dict[str, tuple[int, float]] = {}
     for (file, _, func), (_, ncalls, tottime, _, _) in stats.stats.items():
-        if file == "~" and func.startswith("<built-in method") and "._kernels." in func:
-            name = func.split("._kernels.")[-1].rstrip(">")
+        if file == "~" and func.startswith("<built-in method") and "._kernels" in func:
+            name = func.split(".")[-1].rstrip(">")
             calls, t = kernels.get(name, (0, 0.0))
             kernels[name] = (calls + ncalls, t + tottime)
     total_k = sum(t for _, t in kernels.values()) / steps

@@ -1,6 +1,6 @@
-"""oneDNN as the CPU backend's convolution provider: it loads where its wheel is a dependency, the setting is obeyed
-and validated, the per-shape choice is made once, results match a float64 reference on layer shapes of real
-networks, and threads each get their own plans.
+"""oneDNN as the CPU backend's provider of float32 convolutions and matrix products: it loads where its wheel is a
+dependency, the setting is obeyed and validated, the per-shape choice is made once, results match a float64 reference
+on layer shapes of real networks, and threads each get their own plans.
 
 (test_cpu_kernels.py runs every convolution case on both providers.)
 """
@@ -281,3 +281,81 @@ def test_a_new_python_thread_runs_onednn_with_the_backends_thread_count(monkeypa
     finally:
         singa_backend_cpu.set_num_threads(before)
     np.testing.assert_array_equal(got[0], want)
+
+
+# -- matrix products ------------------------------------------------------------------------------------------------
+
+MATMUL_CASES = [  # (a shape, b shape, transpose a, transpose b)
+    ((64, 784), (784, 256), False, False),  # a fully connected layer's forward
+    ((64, 256), (256, 256), False, True),  # its data gradient
+    ((784, 64), (64, 256), True, False),  # its weight gradient
+    ((1, 700), (700, 300), False, False),  # one row: a matrix-vector product
+    ((300, 700), (700, 1), False, False),  # one column
+    ((8, 33, 17), (17, 29), False, False),  # a stack times one matrix
+    ((12, 40, 24), (12, 24, 40), False, False),  # many small products (split over the threads, one each)
+    ((3, 5, 7), (1, 7, 4), True, True),  # broadcast batch, both transposed
+]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape", "ta", "tb"), MATMUL_CASES)
+@pytest.mark.parametrize("setting", ["auto", "0"])
+def test_matmul_matches_float64_on_either_provider(a_shape, b_shape, ta, tb, setting):
+    """Both providers (oneDNN's sgemm, OpenBLAS split over the threads) against numpy in float64, with alpha and beta;
+    the provider is chosen when the backend is imported, so each runs in its own process."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from singa import device, ops
+        from singa_backend_cpu import table
+        dev = device.get_device("cpu")
+        rng = np.random.default_rng(3)
+        a = rng.standard_normal({a_shape}).astype(np.float32)
+        b = rng.standard_normal({b_shape}).astype(np.float32)
+        c = rng.standard_normal(np.matmul(a, b).shape).astype(np.float32)
+        ta, tb = ops.from_numpy(a, dev), ops.from_numpy(b, dev)
+        # a transposed operand is a view of the transposed array, as autograd's gradients take it
+        if {ta}:
+            ta = ops.swapaxes(ops.from_numpy(np.ascontiguousarray(np.swapaxes(a, -1, -2)), dev), -1, -2)
+        if {tb}:
+            tb = ops.swapaxes(ops.from_numpy(np.ascontiguousarray(np.swapaxes(b, -1, -2)), dev), -1, -2)
+        out = ops.from_numpy(c, dev)
+        ops.matmul(ta, tb, out=out, alpha=0.5, beta=2.0)
+        want = 0.5 * np.matmul(a.astype(np.float64), b.astype(np.float64)) + 2.0 * c
+        got = ops.to_numpy(out)
+        scale = np.abs(want).max()
+        print(table.SGEMM, float(np.abs(got - want).max() / scale))
+    """)
+    env = {**__import__("os").environ, onednn.SETTING: setting}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    provider, err = res.stdout.split()
+    assert provider == ("onednn" if setting == "auto" and X86_LINUX else "openblas")
+    assert float(err) < 2e-6
+
+
+def test_matmul_in_a_new_python_thread_gets_the_sequential_bits():
+    """oneDNN's sgemm sizes its team from the calling thread's OpenMP setting: the backend sets it to its own count in
+    every thread, so a worker thread computes the main thread's bits."""
+    import os
+
+    import singa_backend_cpu
+    from singa import ops
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: every thread count is 1")
+    a = ops.from_numpy(RNG.standard_normal((256, 2048)).astype(np.float32), DEV)
+    b = ops.from_numpy(RNG.standard_normal((2048, 256)).astype(np.float32), DEV)
+    before = singa_backend_cpu.get_num_threads()
+    try:
+        for n in (1, 2):
+            singa_backend_cpu.set_num_threads(n)
+            want = ops.to_numpy(ops.matmul(a, b))
+            got: list = []
+            t = threading.Thread(target=lambda out=got: out.append(ops.to_numpy(ops.matmul(a, b))))
+            t.start()
+            t.join()
+            np.testing.assert_array_equal(got[0], want)
+    finally:
+        singa_backend_cpu.set_num_threads(before)

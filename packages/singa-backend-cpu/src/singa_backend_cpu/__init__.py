@@ -1,13 +1,14 @@
-"""SINGA's CPU backend: C kernels compiled at install time (cffi), OpenMP threads, OpenBLAS for matrix products.
+"""SINGA's CPU backend: C kernels compiled at install time (cffi), OpenMP threads, oneDNN (x86-64 Linux) and OpenBLAS
+for matrix products.
 
 Installed, it registers itself as the `cpu` backend through the `singa.backends` entry point; `singa.device` finds it.
 
-Threads: one pool. `set_num_threads(n)` sets the OpenMP threads every kernel uses and keeps OpenBLAS at one thread:
-matrix products and convolutions are split over the OpenMP threads, each calling OpenBLAS on its own part, so the
-two libraries never keep two sets of spinning workers on the same cores. The default is SINGA_NUM_THREADS, else
-OMP_NUM_THREADS, else every core this process may run on. A count above MAX_THREADS_PER_CORE threads per core is
-capped there with a warning (tens of thousands of OpenMP threads exhaust the process before any kernel runs); an
-environment value that is not a positive integer is ignored with a warning.
+Threads: one pool. `set_num_threads(n)` sets the OpenMP threads every kernel (oneDNN's too) uses and keeps OpenBLAS at
+one thread: the products and convolutions OpenBLAS computes are split over the OpenMP threads, each calling it on its
+own part, so two libraries never keep two sets of spinning workers on the same cores. The default is
+SINGA_NUM_THREADS, else OMP_NUM_THREADS, else every core this process may run on. A count above
+MAX_THREADS_PER_CORE threads per core is capped there with a warning (tens of thousands of OpenMP threads exhaust the
+process before any kernel runs); an environment value that is not a positive integer is ignored with a warning.
 """
 
 from __future__ import annotations

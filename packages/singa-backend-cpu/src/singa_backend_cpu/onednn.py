@@ -1,5 +1,6 @@
-"""oneDNN as a kernel provider: float32 convolutions (forward and both gradients) through Intel's deep-learning
-kernel library, the one PyTorch and TensorFlow use on CPUs, where it beats the backend's own kernels.
+"""oneDNN as a kernel provider: float32 matrix products (its sgemm, called from the C kernels: see sgemm_address) and
+convolutions (forward and both gradients) through Intel's deep-learning kernel library, the one PyTorch and
+TensorFlow use on CPUs, where it beats the backend's own kernels.
 
 The library comes from the `onednn-cpu-gomp` wheel (x86-64 Linux only: a dependency with a platform marker) and is
 reached through cffi in ABI mode, so nothing here is compiled. It runs on GNU OpenMP, the runtime the backend's own
@@ -92,6 +93,8 @@ dnnl_status_t dnnl_primitive_create(dnnl_primitive_t *primitive, const dnnl_prim
 dnnl_status_t dnnl_primitive_execute(const dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
                                      const dnnl_exec_arg_t *args);
 dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
+dnnl_status_t dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 """
 
 F32 = 3  # dnnl_f32
@@ -185,6 +188,19 @@ def mode() -> str:
     return value
 
 
+def sgemm_address() -> int:
+    """The address of oneDNN's dnnl_sgemm (row-major float32 GEMM) for the C kernels' matrix products; 0 where
+    oneDNN is not loaded or SINGA_ONEDNN is 0 (an unknown value leaves it off here; the first convolution names it)."""
+    try:
+        off = mode() == "0"
+    except ValueError:
+        off = True
+    lib = None if off else library()
+    if lib is None:
+        return 0
+    return int(lib.ffi.cast("uintptr_t", lib.lib.dnnl_sgemm))
+
+
 def status() -> str:
     """One line for `python -m singa info`."""
     lib = library()
@@ -193,8 +209,8 @@ def status() -> str:
     with _choice_lock:
         used = sum(1 for c in _choices.values() if c != OWN)
         total = len(_choices)
-    return (f"oneDNN {'.'.join(map(str, lib.version))} ({lib.path}); {SETTING}={mode()}; float32 convolutions; "
-            f"{used} of {total} shapes seen so far run on it")
+    return (f"oneDNN {'.'.join(map(str, lib.version))} ({lib.path}); {SETTING}={mode()}; float32 matrix products "
+            f"({'on' if sgemm_address() else 'off'}) and convolutions ({used} of {total} shapes seen so far run on it)")
 
 
 # -- plans --------------------------------------------------------------------------------------------------------

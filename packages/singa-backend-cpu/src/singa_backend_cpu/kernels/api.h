@@ -19,6 +19,7 @@ int sg_argreduce(int want_max, int dtype, const char *x, int64_t xo, char *out, 
 int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
               int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
               double alpha, double beta);
+void sg_set_sgemm(void *fn); /* an outside float32 GEMM (oneDNN's dnnl_sgemm signature), or NULL for OpenBLAS */
 
 /* conv.c: geom = N, C, H, W, K, kh, kw, OH, OW, stride h, w, pad top, left, bottom, right, dilation h, w, groups */
 int sg_conv2d(int dtype, const char *x, int64_t xo, const char *w, int64_t wo, const char *b, int64_t bo, char *y,
