@@ -367,6 +367,11 @@ def _(rng):
     return A.matmul, [U(rng, (4,)), U(rng, (4,))], np.matmul
 
 
+@case("matmul_bias")
+def _(rng):
+    return A.matmul_bias, [U(rng, (5, 4)), U(rng, (4, 3)), U(rng, (3,))], lambda x, w, b: x @ w + b
+
+
 @case("add_bias-row-(1,3)")
 def _(rng):
     return A.add_bias, [U(rng, (4, 3)), U(rng, (1, 3))], np.add

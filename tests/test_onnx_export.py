@@ -248,6 +248,8 @@ def test_gemm_and_linear_layers() -> None:
     check(g, one(rn, 6), dynamic=True)
     lin = layer.Linear(3)
     check(lin, one(rn, 2, 6), dynamic=True)  # 3-D input: matmul + broadcast add
+    fused = layer.Linear(3)
+    check(fused, one(rn, 6), dynamic=True)  # 2-D input: one MatmulBias operator, exported as MatMul and Add
     nob = layer.Linear(3, bias=False)
     check(nob, one(rn, 6), dynamic=True)
 

@@ -1226,6 +1226,8 @@ class Matmul(_Plain):
 
     def backward(self, dy: Tensor) -> tuple:
         x, w = self.input
+        if len(x.shape) == 2 and len(w.shape) == 2:  # the common case, without the reshapes of the general one
+            return _matrix_grads(self, x, w, dy)
         xa = x if len(x.shape) > 1 else ops.reshape(x, (1, x.shape[0]))
         wa = w if len(w.shape) > 1 else ops.reshape(w, (w.shape[0], 1))
         m, k, n = xa.shape[-2], xa.shape[-1], wa.shape[-1]
@@ -1248,6 +1250,40 @@ class Matmul(_Plain):
 
 def matmul(x: Tensor, w: Tensor) -> Tensor:
     return Matmul()(x, w)[0]
+
+
+def _matrix_grads(op: Operator, x: Tensor, w: Tensor, dy: Tensor) -> tuple:
+    """(dx, dw) of y = x @ w for matrices x and w, each None when its input wants no gradient."""
+    dx = ops.matmul(dy, _swap(w)) if op._input_needs_grad(0) else None
+    dw = ops.matmul(_swap(x), dy) if op._input_needs_grad(1) else None
+    return dx, dw
+
+
+class MatmulBias(_Plain):
+    """x @ w + b for a matrix x (batch, in), w (in, out) and b (out,): Linear's forward as one operator, so a layer
+    costs one graph node and one in-place add instead of a second operator (exported as MatMul and Add)."""
+
+    axis = 0  # the bias is repeated over rows, as AddBias(axis=0) repeats it (the exporter reads it)
+
+    def forward(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        if len(x.shape) != 2 or len(w.shape) != 2 or b.shape != (w.shape[1],):
+            raise ValueError(f"matmul_bias: wants x (batch, in), w (in, out) and b (out,), got x {x.shape}, "
+                             f"w {w.shape} and b {b.shape}")
+        y = ops.matmul(x, w)
+        ops.add(y, b, out=y)
+        if training:
+            self.input = (x, w)
+        return y
+
+    def backward(self, dy: Tensor) -> tuple:
+        x, w = self.input
+        dx, dw = _matrix_grads(self, x, w, dy)
+        return dx, dw, ops.sum(dy, 0) if self._input_needs_grad(2) else None
+
+
+def matmul_bias(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """x @ w + b (x a matrix, b one value per column of the result), as one operator."""
+    return MatmulBias()(x, w, b)[0]
 
 
 class AddBias(Operator):

@@ -405,6 +405,8 @@ class Linear(Layer):
         if not x.shape or x.shape[-1] != self.W.shape[0]:
             raise ValueError(f"Linear: expects {self.W.shape[0]} input features, got an input of shape {x.shape}")
         self._align(x, self.W, self.b)
+        if self.b is not None and len(x.shape) == 2 and self.b.shape == (self.W.shape[1],):
+            return autograd.matmul_bias(x, self.W, self.b)
         y = autograd.matmul(x, self.W)
         if self.b is not None:
             y = autograd.add_bias(y, self.b, axis=0) if len(y.shape) == 2 else autograd.add(y, self.b)

@@ -560,7 +560,11 @@ class _Exporter:
             self.names[k] = name
         X = [self.src_name(op, i) for i in range(len(op.src))]
         _HANDLERS[cls](self, op, X, Y)
-        # what no handler decided: an output follows the batch when an input does and its first axis has that size
+        self.settle(X, Y)
+
+    def settle(self, X: Sequence[str], Y: Sequence[str]) -> None:
+        """What no handler decided: an output follows the batch when an input does and its first axis has that
+        size; else it depends on the inputs when any does."""
         any_b = any(self.bstate.get(x) == "b" for x in X)
         any_dep = any(self.dep(x) for x in X)
         for y in Y:
@@ -779,6 +783,15 @@ def _addbias(ex, op, X, Y):
         b = _reshaped(ex, b, target, "bias")
     ex.broadcast_check([x, b])
     ex.node("Add", [x, b], Y)
+
+
+@_handles("MatmulBias")
+def _matmul_bias(ex, op, X, Y):
+    x, w, b = X
+    product = ex.value(ex.tmp("matmul"), ex.shape[Y[0]], ex.dtype[Y[0]], "unset")
+    _matmul(ex, op, [x, w], [product])
+    ex.settle([x, w], [product])
+    _addbias(ex, op, [product, b], Y)
 
 
 @_handles("Gemm")
