@@ -278,7 +278,10 @@ class Operator:
         while xs and xs[-1] is None:  # optional trailing inputs (a bias, Gemm's C) left out
             xs = xs[:-1]
         given = xs
-        xs = _tensor_inputs(type(self).__name__, xs)
+        for x in xs:
+            if not isinstance(x, Tensor):
+                xs = _tensor_inputs(type(self).__name__, xs)
+                break
         d = self.__dict__
         if "_init_keys" not in d:
             # attributes set by __init__ (constructor arguments) survive _release; forward's saved tensors do not
@@ -289,10 +292,7 @@ class Operator:
         # An input needs a gradient when it requires one and someone will consume it: a stored leaf (parameter) or
         # an operator's output. A leaf that only requires grad (an input batch) gets none: nothing would read it,
         # and skipping it saves e.g. the first convolution's backward-data pass.
-        d["_req"] = tuple(x.requires_grad and (x.stores_grad or not (x.creator is None or x.creator.__class__ is Dummy))
-                          for x in xs)
-        self.requires_grad = record and any(d["_req"])
-        src, meta = [], []
+        src, meta, req = [], [], []
         for x, g in zip(xs, given):
             creator = x.creator
             if creator is None:
@@ -300,21 +300,26 @@ class Operator:
                     creator = x.creator = Dummy(x)
                 else:  # a constant made from a number or array: its Dummy holds it, it does not point back
                     creator = Dummy(x, keep=True)
-            idx = creator.y_id2idx.get(id(x), 0)
+            sg, rg = x.stores_grad, x.requires_grad
+            req.append(rg and (sg or creator.__class__ is not Dummy))
             # SINGA's 4-tuple (creator, id, tensor when its gradient is wanted, stores_grad), plus our own meta
-            src.append((creator, id(x), x if x.stores_grad else None, x.stores_grad))
-            meta.append((idx, x.requires_grad, x.shape))
+            src.append((creator, id(x), x if sg else None, sg))
+            meta.append((creator.y_id2idx.get(id(x), 0), rg, x.shape))
+        d["_req"] = req = tuple(req)
+        self.requires_grad = record and True in req
         self.src = src
         d["_src_meta"] = meta
         ys = self.forward(*xs)
         outs = tuple(ys) if isinstance(ys, (tuple, list)) else (ys,)
         # An output object that is an input, a tensor kept by this op, or another op's output gets a fresh view
         # object: setting `creator` on it must not rewrite someone else's tensor or make an op -> tensor -> op cycle.
-        taken = {id(x) for x in xs} | _saved_ids(self)
+        taken = None
         wrapped = []
         for i, y in enumerate(outs):
             if not isinstance(y, Tensor):
                 raise TypeError(f"{self.name}: forward returned {type(y).__name__} as output {i}, not a Tensor")
+            if taken is None:
+                taken = {id(x) for x in xs} | _saved_ids(self)
             if id(y) in taken or y.creator is not None:
                 y = ops.reshape(y, y.shape)
             taken.add(id(y))
@@ -532,14 +537,17 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
     ready = [root]
     while ready:
         op = ready.pop()
-        g = grads.pop(op, {})
-        for i, t in wanted.pop(op, {}).items():
-            gi = g.get(i)
-            if gi is not None:
-                if not isinstance(op, Dummy) or gi.buffer in shared or not ops.is_contiguous(gi):
-                    gi = ops.copy(gi)  # an intermediate's gradient is still used below: hand out a copy
-                yield t, gi
-        if isinstance(op, Dummy) or not op.requires_grad:
+        g = grads.pop(op, None) or {}
+        is_leaf = isinstance(op, Dummy)
+        w = wanted.pop(op, None)
+        if w:
+            for i, t in w.items():
+                gi = g.get(i)
+                if gi is not None:
+                    if not is_leaf or gi.buffer in shared or not ops.is_contiguous(gi):
+                        gi = ops.copy(gi)  # an intermediate's gradient is still used below: hand out a copy
+                    yield t, gi
+        if is_leaf or not op.requires_grad:
             continue
         if op.__dict__.get("_released"):
             raise RuntimeError(f"{op.name}: backward through this graph a second time; its saved tensors were "
@@ -572,7 +580,7 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
             if x is not None:
                 wanted.setdefault(src_op, {})[idx] = x
             if dx is not None and req:
-                if shape is not None:
+                if shape is not None and dx.shape != shape:
                     dx = _fit(dx, shape, op, i)
                 slot = grads.setdefault(src_op, {})
                 prev = slot.get(idx)

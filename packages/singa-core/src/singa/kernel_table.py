@@ -117,11 +117,21 @@ def elementwise_kernel(backend: str, entry: expressions.Elementwise, contig: lis
                     return
                 run((out, a, b), ())
     elif binary:
-        def kernel(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby): big operands, no fast path
+        def kernel(out, a, b, alpha=0.0, beta=0.0):  # entries with params (axpby, every optimizer's update)
+            shape = out.shape
             dt = a.dtype
-            if (contig[dt] is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != out.shape
-                    or b.shape != out.shape or (check_device_dtypes and dt not in out.buffer.device.dtypes)):
+            fn = contig[dt]
+            dev = out.buffer.device
+            if (fn is None or b.dtype != dt or out.dtype != out_dtypes[dt] or a.shape != shape
+                    or b.shape != shape or (check_device_dtypes and dt not in dev.dtypes)):
                 reject((out, a, b))
+            cs, n = layouts.get(shape) or layout(shape)
+            if a.strides == cs and b.strides == cs and out.strides == cs:
+                if n:
+                    lead = (dev,) if with_device else ()
+                    fn(*lead, n, out.buffer.handle, out.offset, a.buffer.handle, a.offset, b.buffer.handle,
+                       b.offset, alpha, beta)
+                return
             run((out, a, b), (alpha, beta))
     elif with_device:
         def kernel(out, x, alpha=0.0, beta=0.0):

@@ -1077,8 +1077,41 @@ def _mat_operand(X: Tensor, S: tuple, B: int) -> tuple:
     return View(Xc.buffer, dt, (B, r, c), None, 0), False
 
 
+def _matrix_product(a: Tensor, b: Tensor, alpha: Any) -> Tensor | None:
+    """The product of two float matrices, each row-major or a transposed row-major one, into a new tensor: the case of
+    every fully connected layer and its gradients, without the general path's checks that cannot fail for it. None
+    for anything else (matmul then takes the general path, which also names what is wrong)."""
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return None
+    dt, dev = a.dtype, a.device
+    (m, k), (k2, n) = a.shape, b.shape
+    if b.dtype != dt or dt not in _FLOATS or b.device is not dev or k != k2 or not (m and n and k):
+        return None
+    sa, sb = a.strides, b.strides
+    if sa == (k, 1):
+        a3, ta = View(a.buffer, dt, (1, m, k), (m * k, k, 1), a.offset), False
+    elif sa == (1, m):
+        a3, ta = View(a.buffer, dt, (1, k, m), (m * k, m, 1), a.offset), True
+    else:
+        return None
+    if sb == (n, 1):
+        b3, tb = View(b.buffer, dt, (1, k, n), (k * n, n, 1), b.offset), False
+    elif sb == (1, k):
+        b3, tb = View(b.buffer, dt, (1, n, k), (k * n, k, 1), b.offset), True
+    else:
+        return None
+    target = _empty((m, n), dt, dev)
+    _table(dev)["matmul"](View(target.buffer, dt, (1, m, n), (m * n, n, 1), 0), a3, b3, trans_a=ta, trans_b=tb,
+                          alpha=float(alpha), beta=0.0)
+    return target
+
+
 def matmul(a: Tensor, b: Tensor, out: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> Tensor:
     """numpy.matmul (1-D operands, broadcast batch axes), scaled: alpha * a @ b (+ beta * out when out is given)."""
+    if out is None and a.__class__ is Tensor and b.__class__ is Tensor:
+        r = _matrix_product(a, b, alpha)
+        if r is not None:
+            return r
     op = "matmul"
     _tensor(op, a, "a")
     _tensor(op, b, "b")
