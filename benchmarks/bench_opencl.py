@@ -1,4 +1,4 @@
-"""The OpenCL backend next to the CPU backend, measured in one run: matrix-product GFLOP/s (CLBlast against OpenBLAS)
+"""The OpenCL backend next to the CPU backend, measured in one run: matrix-product GFLOP/s (CLBlast against the CPU's)
 and the MNIST CNN training step (examples/mnist_cnn, batch 64, eager and graph mode), with the agreement of the two
 devices' losses over 20 steps from the same initial weights.
 
@@ -106,7 +106,7 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         f"opencl: `{ocl.description()}`; cpu: `{cpu.description()}`. Matrix products: `tensor.mult` of two float32 "
         "matrices, 2·n³ operations over the best of several timed calls after two warm-ups, each ending with "
-        "`dev.synchronize()`, the devices taking turns (OpenCL products go to CLBlast, the CPU's to OpenBLAS). "
+        "`dev.synchronize()`, the devices taking turns (OpenCL products go to CLBlast, the CPU's to oneDNN's sgemm). "
         f"Training: examples/mnist_cnn's model, SGD lr 0.01 momentum 0.9, {repeat} rounds of {number} steps after "
         f"{warmup} warm-up steps, the four device/mode contestants taking turns; both devices start from the same "
         f"weights on the same batches ({data_desc}).")

@@ -7,7 +7,7 @@ import os
 import scipy_openblas32
 
 from singa.backend import Backend
-from singa_backend_cpu import isa, onednn
+from singa_backend_cpu import isa, onednn, table
 from singa_backend_cpu.device import VECTOR_PATH, CpuDevice, ffi, lib
 
 
@@ -25,10 +25,11 @@ class CpuBackend(Backend):
 
     def info(self) -> dict[str, str]:
         return {
-            "blas": f"OpenBLAS from scipy-openblas32 {scipy_openblas32.__version__} "
+            "blas": f"{'float32 on oneDNN sgemm, the rest on ' if table.SGEMM == 'onednn' else ''}OpenBLAS from "
+                    f"scipy-openblas32 {scipy_openblas32.__version__} "
                     f"({ffi.string(lib.scipy_openblas_get_config()).decode()})",
-            "threads": f"{lib.sg_get_num_threads()} OpenMP threads; matrix products are split over them, "
-                       f"OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
+            "threads": f"{lib.sg_get_num_threads()} OpenMP threads (oneDNN's too); OpenBLAS's products are split "
+                       f"over them, OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
             "vector path": _vector_path(),
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
             "onednn": onednn.status(),
