@@ -184,10 +184,9 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
         "weights kept while the inference plan lives; matrix products (fully connected layers, attention) run on "
-        "oneDNN's sgemm; depthwise convolutions have their own direct kernels. The transformers' erf-GELU runs as "
-        "one node; attention and LayerNorm are not fused yet (LayerNormalization is ten kernels, each MatMul's bias "
-        "its own Add, GPT-2's tanh-GELU nine), and a replayed run still costs Python per kernel call (about 450 calls "
-        "for these models).")
+        "oneDNN's sgemm; depthwise convolutions have their own direct kernels. In the transformers, erf-GELU is one "
+        "node and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own Add, "
+        "GPT-2's tanh-GELU nine kernels), and a replayed run still costs Python per kernel call.")
     table.notes.append(benchlib.openmp_note())
     return table
 

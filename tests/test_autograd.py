@@ -367,6 +367,22 @@ def _(rng):
     return A.matmul, [U(rng, (4,)), U(rng, (4,))], np.matmul
 
 
+@case("layer_norm")
+def _(rng):
+    def ref(x, s, b):
+        m = x.mean(-1, keepdims=True)
+        return (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5) * s + b
+    return A.layer_norm, [U(rng, (4, 6)), U(rng, (6,)), U(rng, (6,))], ref
+
+
+@case("layer_norm-two-axes-no-bias")
+def _(rng):
+    def ref(x, s):
+        m = x.mean((1, 2), keepdims=True)
+        return (x - m) / np.sqrt(((x - m) ** 2).mean((1, 2), keepdims=True) + 1e-5) * s
+    return (lambda x, s: A.layer_norm(x, s, axis=1)), [U(rng, (3, 2, 4)), U(rng, (2, 4))], ref
+
+
 @case("matmul_bias")
 def _(rng):
     return A.matmul_bias, [U(rng, (5, 4)), U(rng, (4, 3)), U(rng, (3,))], lambda x, w, b: x @ w + b

@@ -445,6 +445,68 @@ def test_batchnorm_train_then_eval(shape) -> None:
         autograd.training = prev
 
 
+# -- layer normalisation ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "normalized", "affine", "bias"), [
+    ((4, 10), 10, True, True), ((2, 3, 8), (3, 8), True, True), ((5, 6), 6, True, False), ((3, 2, 6), 6, False, True)])
+def test_layer_norm_values_and_gradients(shape, normalized, affine, bias) -> None:
+    """Forward against float64 numpy; gradients of sum(y * w) against central finite differences of that reference,
+    for the input and both parameters."""
+    ln = layer.LayerNorm(normalized, eps=1e-3, elementwise_affine=affine, bias=bias)
+    k = 1 if isinstance(normalized, int) else len(normalized)
+    axes = tuple(range(len(shape) - k, len(shape)))
+    x = (randn(*shape) * 2 + 5).astype(np.float64)
+    w = randn(*shape).astype(np.float64)
+    nshape = shape[-k:]
+    scale, shift = randn(*nshape).astype(np.float64), randn(*nshape).astype(np.float64)
+
+    def ref(x, scale, shift):
+        m = x.mean(axis=axes, keepdims=True)
+        y = (x - m) / np.sqrt(((x - m) ** 2).mean(axis=axes, keepdims=True) + 1e-3)
+        return y * (scale if affine else 1) + (shift if bias and affine else 0)
+
+    prev = autograd.training
+    try:
+        autograd.training = True
+        tx = T(x, grad=True)
+        tx.stores_grad = True
+        y = ln(tx)
+        params = ln.get_params()
+        assert set(params) == ({"scale"} if affine else set()) | ({"bias"} if affine and bias else set())
+        ln.set_params({k_: v.astype(np.float32) for k_, v in (("scale", scale), ("bias", shift)) if k_ in params})
+        y = ln(tx)
+        np.testing.assert_allclose(N(y), ref(x, scale, shift), rtol=1e-4, atol=1e-4)
+        loss = autograd.sum(autograd.mul(y, T(w)))
+        grads = {id(p): N(g) for p, g in autograd.backward(loss)}
+    finally:
+        autograd.training = prev
+
+    def fd(i, arr):
+        g = np.zeros_like(arr)
+        args = [x.astype(np.float32).astype(np.float64), scale.astype(np.float32).astype(np.float64),
+                shift.astype(np.float32).astype(np.float64)]
+        for idx in np.ndindex(arr.shape):
+            for sgn in (1, -1):
+                a = [v.copy() for v in args]
+                a[i][idx] += sgn * 1e-5
+                g[idx] += sgn * (ref(*a) * w).sum() / 2e-5
+        return g
+
+    np.testing.assert_allclose(grads[id(tx)], fd(0, x), rtol=2e-3, atol=2e-3)
+    if affine:
+        np.testing.assert_allclose(grads[id(ln.scale)], fd(1, scale), rtol=2e-3, atol=2e-3)
+    if affine and bias:
+        np.testing.assert_allclose(grads[id(ln.bias)], fd(2, shift), rtol=2e-3, atol=2e-3)
+
+
+def test_layer_norm_checks_the_input_shape() -> None:
+    with pytest.raises(ValueError, match=r"LayerNorm: expects inputs ending in \(6,\)"):
+        layer.LayerNorm(6)(T(randn(2, 5)))
+    with pytest.raises(ValueError, match="positive"):
+        layer.LayerNorm((0,))
+
+
 def test_batchnorm_legacy_channels_check() -> None:
     with pytest.raises(ValueError, match="3 channels"):
         layer.BatchNorm2d(3)(T(randn(2, 4, 2, 2)))

@@ -561,9 +561,12 @@ def test_a_number_operand_exports_as_a_constant() -> None:
     np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: xv})[0], xv + 1.0, rtol=1e-6)
 
 
-def test_layer_norm() -> None:
+@pytest.mark.parametrize("opset", [None, 13], ids=["LayerNormalization", "decomposed"])
+def test_layer_norm(opset) -> None:
     scale, bias = T(rn(5), stores_grad=True), T(rn(5), stores_grad=True)
-    check(lambda x: autograd.layer_norm(x, scale, bias), one(rn, 5))
+    check(lambda x: autograd.layer_norm(x, scale, bias), one(rn, 5), opset=opset)
+    check(lambda x: autograd.layer_norm(x, None, bias, axis=1), one(rn, 3, 5), opset=opset)  # two axes, no scale
+    check(lambda x: autograd.layer_norm(x, scale), one(rn, 2, 5), opset=opset)  # no bias
 
 
 # -- models ----------------------------------------------------------------------------------------------------------

@@ -378,6 +378,22 @@ def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invst
     _check(status, "batchnorm_backward", views)
 
 
+def _layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> None:
+    views = (y, mean, invstd, x, scale, bias)
+    present = [v for v in views if v is not None]
+    if x.dtype not in FLOATS or any(v.dtype != x.dtype for v in present):
+        raise _dtype_error("layer_norm", views, FLOATS)
+    rows, cols = kernel_checks.layer_norm_dims("cpu", views)
+    x = _contiguous(x)
+    s, b = (None if v is None else _contiguous(v) for v in (scale, bias))
+    status = lib.sg_layer_norm(x.dtype, x.buffer.handle, x.offset, y.buffer.handle, y.offset, mean.buffer.handle,
+                               mean.offset, invstd.buffer.handle, invstd.offset,
+                               ffi.NULL if s is None else s.buffer.handle, 0 if s is None else s.offset,
+                               ffi.NULL if b is None else b.buffer.handle, 0 if b is None else b.offset, rows, cols,
+                               eps)
+    _check(status, "layer_norm", views)
+
+
 # -- softmax and losses -------------------------------------------------------------------------------------------
 
 

@@ -2396,16 +2396,52 @@ def batchnorm_2d(x: Tensor, scale: Tensor, bias: Tensor, running_mean: Tensor, r
     return _BatchNorm2d(running_mean, running_var, momentum, eps)(x, scale, bias)[0]
 
 
+class LayerNorm(Operator):
+    """Layer normalisation over the axes from `axis` to the last (one `layer_norm` kernel forward). Outputs y, and
+    the mean and invstd = 1 / sqrt(var + eps) with the normalised axes kept as 1 (ONNX LayerNormalization's optional
+    outputs); only y carries a gradient. Inputs: x, then scale and bias where `has_scale` / `has_bias` say."""
+
+    def __init__(self, axis: int = -1, eps: float = 1e-5, has_scale: bool = True, has_bias: bool = True) -> None:
+        super().__init__()
+        self.axis, self.eps = axis, eps
+        self.has_scale, self.has_bias = has_scale, has_bias
+
+    def forward(self, x: Tensor, *vecs: Tensor) -> tuple:
+        if len(vecs) != self.has_scale + self.has_bias:
+            raise ValueError(f"layer_norm: expected {self.has_scale + self.has_bias} of scale and bias, got "
+                             f"{len(vecs)}")
+        scale = vecs[0] if self.has_scale else None
+        bias = vecs[-1] if self.has_bias else None
+        y, mean, invstd = ops.layer_norm(x, scale, bias, self.axis, self.eps)
+        ax = self.axis % len(x.shape)
+        kept = x.shape[:ax] + (1,) * (len(x.shape) - ax)
+        mean, invstd = ops.reshape(mean, kept), ops.reshape(invstd, kept)
+        if training:
+            self.saved = (x, scale, mean, invstd)
+        return y, mean, invstd
+
+    def backward(self, dy: Tensor, _dmean: Tensor, _dinvstd: Tensor) -> tuple:
+        x, scale, mean, invstd = self.saved
+        ax = self.axis % len(x.shape)
+        axes = tuple(range(ax, len(x.shape)))
+        xhat = ops.mul(ops.sub(x, mean), invstd)
+        g = ops.mul(dy, scale) if scale is not None else dy
+        # dx = invstd * (g - mean(g) - xhat * mean(g * xhat)) over the normalised axes
+        mg = ops.mean(g, axes, keepdims=True)
+        mgx = ops.mean(ops.mul(g, xhat), axes, keepdims=True)
+        dx = ops.mul(ops.sub(ops.sub(g, mg), ops.mul(xhat, mgx)), invstd) if self._input_needs_grad(0) else None
+        lead = tuple(range(ax))
+        grads = [dx]
+        if self.has_scale:
+            grads.append(ops.sum(ops.mul(dy, xhat), lead) if lead else ops.mul(dy, xhat))
+        if self.has_bias:
+            grads.append(ops.sum(dy, lead) if lead else dy)
+        return tuple(grads)
+
+
 def layer_norm(x: Tensor, scale: Tensor | None = None, bias: Tensor | None = None, axis: int = -1,
                eps: float = 1e-5) -> Tensor:
-    """Normalise over the axes from `axis` to the last, then scale and shift; built from recorded operators."""
-    nd = len(x.shape)
-    axes = list(range(axis % nd, nd))
-    centred = sub(x, reduce_mean(x, axes, 1))
-    var = reduce_mean(mul(centred, centred), axes, 1)
-    y = div(centred, sqrt(add(var, eps)))
-    if scale is not None:
-        y = mul(y, scale)
-    if bias is not None:
-        y = add(y, bias)
-    return y
+    """Normalise over the axes from `axis` to the last (mean 0, variance 1, the biased variance), then scale and
+    shift (scale and bias broadcast to x.shape[axis:]; None: 1 and 0)."""
+    vecs = [t for t in (scale, bias) if t is not None]
+    return LayerNorm(axis, eps, scale is not None, bias is not None)(x, *vecs)[0]

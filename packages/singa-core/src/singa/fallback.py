@@ -327,6 +327,20 @@ def batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd
     return {"dx": g, "dscale": ds, "dbias": db}
 
 
+def layer_norm(y, mean, invstd, x, scale, bias, eps):
+    ct = np.float32 if x.dtype == np.float16 else x.dtype
+    xc = x.astype(ct)
+    m = xc.mean(axis=1, keepdims=True)
+    d = xc - m
+    inv = 1.0 / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.dtype(ct).type(eps))
+    out = d * inv
+    if scale is not None:
+        out = out * scale.astype(ct)
+    if bias is not None:
+        out = out + bias.astype(ct)
+    return {"y": out, "mean": m[:, 0], "invstd": inv[:, 0]}
+
+
 def softmax(out, x, axis):
     xc = _acc(x)
     e = np.exp(xc - np.max(xc, axis=axis, keepdims=True)) if x.size else xc

@@ -141,6 +141,20 @@ def bn_dims(backend: str, name: str, x, views: tuple) -> tuple[int, int, int]:
     return x.shape[0], x.shape[1], math.prod(x.shape[2:])
 
 
+def layer_norm_dims(backend: str, views: tuple) -> tuple[int, int]:
+    """(rows, cols) of layer_norm(y, mean, invstd, x, scale, bias): x and y (rows, cols), mean and invstd (rows,),
+    scale and bias (cols,) or None."""
+    y, mean, invstd, x, scale, bias = views
+    if len(x.shape) != 2 or y.shape != x.shape:
+        raise shape_error(backend, "layer_norm", views, "x and y must be (rows, cols) matrices of one shape")
+    rows, cols = x.shape
+    if mean.shape != (rows,) or invstd.shape != (rows,):
+        raise shape_error(backend, "layer_norm", views, f"mean and invstd must be ({rows},)")
+    if any(v is not None and v.shape != (cols,) for v in (scale, bias)):
+        raise shape_error(backend, "layer_norm", views, f"scale and bias must be ({cols},) or None")
+    return rows, cols
+
+
 def softmax_split(backend: str, name: str, x, axis) -> tuple[int, int, int]:
     """(outer, length, inner) of a softmax's axis; a 0-d softmax is over one element."""
     if not x.shape:

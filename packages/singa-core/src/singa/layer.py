@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -33,7 +34,7 @@ __all__ = [
     "LayerMeta", "Layer", "Linear", "Gemm", "Embedding", "Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d",
     "MaxPool2d", "AvgPool2d", "MaxPool1d", "AvgPool1d", "RNN_Base", "RNN", "LSTM", "ReLU", "Sigmoid", "Add",
     "Flatten", "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy", "Dropout",
-    "Cat", "Reshape", "CudnnRNN",
+    "Cat", "Reshape", "CudnnRNN", "LayerNorm",
 ]
 
 _PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -660,6 +661,47 @@ class BatchNorm2d(Layer):
         self._align(x, self.scale, self.bias, self.running_mean, self.running_var)
         return autograd.batchnorm_2d(x, self.scale, self.bias, self.running_mean, self.running_var,
                                      momentum=self.momentum, eps=self.eps)
+
+
+class LayerNorm(Layer):
+    """Layer normalisation over the last axes of the input (PyTorch's nn.LayerNorm): each example is normalised to
+    mean 0 and variance 1 (the biased variance) over those axes, then scaled and shifted by the parameters scale (1)
+    and bias (0), of the normalised shape. `LayerNorm(normalized_shape)` takes an int (the last axis) or a tuple;
+    `elementwise_affine=False` leaves the parameters out, `bias=False` only the shift."""
+
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else normalized_shape
+        try:
+            self.normalized_shape = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(f"LayerNorm: normalized_shape must be an int or a sequence of ints, got "
+                            f"{normalized_shape!r}") from None
+        if not self.normalized_shape or min(self.normalized_shape) < 1:
+            raise ValueError(f"LayerNorm: normalized_shape must be positive sizes, got {normalized_shape!r}")
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self.has_bias = bool(bias) and self.elementwise_affine
+
+    def _check_input(self, x: Tensor) -> None:
+        k = len(self.normalized_shape)
+        if tuple(x.shape[-k:]) != self.normalized_shape or len(x.shape) < k:
+            raise ValueError(f"LayerNorm: expects inputs ending in {self.normalized_shape}, got shape {x.shape}")
+
+    def initialize(self, x: Tensor) -> None:
+        self._check_input(x)
+        if self.elementwise_affine:
+            self._param("scale", self.normalized_shape, x).set_value(1.0)
+        if self.has_bias:
+            self._param("bias", self.normalized_shape, x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        scale = self.scale if self.elementwise_affine else None
+        bias = self.bias if self.has_bias else None
+        self._align(x, *(t for t in (scale, bias) if t is not None))
+        return autograd.layer_norm(x, scale, bias, axis=len(x.shape) - len(self.normalized_shape), eps=self.eps)
 
 
 class Pooling2d(Layer):

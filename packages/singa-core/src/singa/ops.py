@@ -1697,6 +1697,50 @@ def batchnorm_backward(dy: Tensor, x: Tensor, scale: Tensor, saved_mean: Tensor,
     return dx, dscale, dbias
 
 
+def layer_norm(x: Tensor, scale: Tensor | None = None, bias: Tensor | None = None, axis: int = -1,
+               eps: float = 1e-5) -> tuple:
+    """Layer normalisation over the axes from `axis` to the last: (y, mean, invstd), y of x's shape, mean and
+    invstd = 1 / sqrt(var + eps) of shape x.shape[:axis] (the biased variance, as ONNX LayerNormalization and
+    torch.nn.LayerNorm). `scale` and `bias` broadcast to x.shape[axis:] (None: 1 and 0)."""
+    op = "layer_norm"
+    _tensor(op, x, "x")
+    _supported(op, x.dtype, _FLOATS)
+    nd = len(x.shape)
+    if nd == 0:
+        raise ValueError(f"{op}: x must have at least one axis, got a 0-d tensor")
+    ax = _axis(op, axis, nd, x.shape)
+    lead, norm = x.shape[:ax], x.shape[ax:]
+    rows, cols = math.prod(lead), math.prod(norm)
+    vecs = []
+    for what, t in (("scale", scale), ("bias", bias)):
+        if t is not None:
+            _tensor(op, t, what)
+            _same_device(op, x, t)
+            _same_dtype(op, x, t)
+            if t.shape != norm:
+                try:
+                    t = broadcast_to(t, norm)
+                except ValueError:
+                    raise ValueError(f"{op}: {what} of shape {t.shape} does not broadcast to the normalised shape "
+                                     f"{norm} of x {x.shape} (axis {axis})") from None
+            t = _contiguous_input(t)
+            t = _as_strided(t, (cols,), (1,), t.offset)
+        vecs.append(t)
+    dev = x.device
+    y = _empty(x.shape, x.dtype, dev)
+    mean, invstd = _empty(lead, x.dtype, dev), _empty(lead, x.dtype, dev)
+    if rows and cols:
+        xc = _contiguous_input(x)
+        dt = x.dtype
+        _table(dev)[op](View(y.buffer, dt, (rows, cols), (cols, 1), 0), View(mean.buffer, dt, (rows,), (1,), 0),
+                        View(invstd.buffer, dt, (rows,), (1,), 0),
+                        View(xc.buffer, dt, (rows, cols), (cols, 1), xc.offset), *vecs, eps=float(eps))
+    elif rows:  # nothing to normalise: NaN statistics, as a mean over no elements
+        fill(mean, math.nan)
+        fill(invstd, math.nan)
+    return y, mean, invstd
+
+
 def _softmax_like(op: str, kname: str, x: Tensor, axis: int) -> Tensor:
     _tensor(op, x)
     _supported(op, x.dtype, _FLOATS)

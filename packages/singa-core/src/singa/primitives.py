@@ -92,6 +92,10 @@ SPECIAL = [
       "y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).", "nn"),
     P("batchnorm_backward", ("dx", "dscale", "dbias"), ("dy", "x", "scale", "saved_mean", "saved_invstd"), (),
       "Gradients of batchnorm_train with respect to x, scale and bias.", "nn"),
+    P("layer_norm", ("y", "mean", "invstd"), ("x", "scale?", "bias?"), ("eps",),
+      "Normalise each row of x, a (rows, cols) matrix: mean and invstd = 1 / sqrt(var + eps) of the row (biased "
+      "variance), both (rows,) in x's dtype; y = (x - mean) * invstd * scale + bias with scale and bias (cols,) "
+      "(each may be None: 1 and 0). Float16 computes in float32.", "nn"),
     P("softmax", ("out",), ("x",), ("axis",), "Softmax along `axis` (numerically stable).", "nn"),
     P("log_softmax", ("out",), ("x",), ("axis",), "Log-softmax along `axis`.", "nn"),
     P("softmax_backward", ("dx",), ("dy", "y"), ("axis",), "dx = y * (dy - sum(dy * y, axis)).", "nn"),

@@ -794,6 +794,29 @@ def _matmul_bias(ex, op, X, Y):
     _addbias(ex, op, [product, b], Y)
 
 
+@_handles("LayerNorm")
+def _layer_norm(ex, op, X, Y):
+    x = X[0]
+    nd = len(ex.shape[x])
+    ax = op.axis % nd
+    norm = tuple(ex.shape[x][ax:])
+    scale = X[1] if op.has_scale else ex.const(np.ones(norm), "scale", ex.np_dtype(x))
+    bias = X[-1] if op.has_bias else ""
+    if ex.opset >= 17:
+        ex.node("LayerNormalization", [x, scale, bias], Y, axis=ax, epsilon=float(op.eps))
+        return
+    axes = list(range(ax, nd))  # the same arithmetic in older operators
+    _reduce(ex, "ReduceMean", x, axes, 1, Y[1])
+    d = ex.node("Sub", [x, Y[1]])
+    var = _reduce(ex, "ReduceMean", ex.node("Mul", [d, d]), axes, 1)
+    ex.node("Reciprocal", [ex.node("Sqrt", [ex.node("Add", [var, ex.scalar(op.eps, x, "eps")])])], Y[2])
+    scaled = ex.node("Mul", [ex.node("Mul", [d, Y[2]]), scale])
+    if bias:
+        ex.node("Add", [scaled, bias], Y[0])
+    else:
+        ex.node("Identity", [scaled], Y[0])
+
+
 @_handles("Gemm")
 def _gemm(ex, op, X, Y):
     a_batched = ex.bstate.get(X[0]) == "b"

@@ -49,6 +49,10 @@ int sg_batchnorm_backward(int xdt, const char *dy, int64_t dyo, const char *x, i
                           int64_t N, int64_t C, int64_t S, int sdt, const char *scale, int64_t so,
                           int smdt, const char *smean, int64_t smo, int sidt, const char *sinvstd, int64_t sio,
                           int dsdt, char *dscale, int64_t dso, int dbdt, char *dbias, int64_t dbo);
+/* batchnorm.c: layer normalisation of the rows of x (rows, cols); scale and bias (cols,) may be NULL */
+int sg_layer_norm(int dt, const char *x, int64_t xo, char *y, int64_t yo, char *mean, int64_t mo, char *invstd,
+                  int64_t io, const char *scale, int64_t so, const char *bias, int64_t bo, int64_t rows, int64_t cols,
+                  double eps);
 
 /* softmax.c: the axis splits x into (outer, len, inner) */
 int sg_softmax(int dtype, int log, const char *x, int64_t xo, char *y, int64_t yo, int64_t outer, int64_t len,

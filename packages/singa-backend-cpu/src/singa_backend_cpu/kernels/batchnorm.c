@@ -1,4 +1,5 @@
-/* Batch normalisation over axes (0, 2, 3) of NCHW input (or axis 0 of (N, C)), seen as x (N, C, S).
+/* Batch normalisation over axes (0, 2, 3) of NCHW input (or axis 0 of (N, C)), seen as x (N, C, S); layer
+ * normalisation of the rows of a (rows, cols) matrix.
  * Statistics accumulate in double, two passes (mean, then squared deviations) so that a large mean costs no
  * precision. Threads own disjoint ranges of channels. The kernels are in batchnorm_real.h (float32 and float64);
  * float16 data goes through float32 copies. Every per-channel vector (scale, bias, running and saved statistics) is
@@ -98,5 +99,43 @@ int sg_batchnorm_backward(int xdt, const char *dy, int64_t dyo, const char *x, i
     if (!err) err = bn_backward_f32(fdy, b.x, b.y, N, C, S, sc, sm, si, ds, db);
     close_bufs(dx + dxo * isz, n, &b, !err);
     if (own_dy) free(fdy);
+    return err;
+}
+
+int sg_layer_norm(int dt, const char *x, int64_t xo, char *y, int64_t yo, char *mean, int64_t mo, char *invstd,
+                  int64_t io, const char *scale, int64_t so, const char *bias, int64_t bo, int64_t rows, int64_t cols,
+                  double eps) {
+    if (!sg_is_float(dt)) return SG_EDTYPE;
+    if (rows <= 0 || cols <= 0) return SG_OK;
+    const int64_t isz = sg_itemsize(dt);
+    const char *s = scale ? scale + so * isz : NULL, *b = bias ? bias + bo * isz : NULL;
+    if (dt == SG_F64) {
+        layer_norm_f64((const double *)x + xo, (double *)y + yo, (double *)mean + mo, (double *)invstd + io, rows,
+                       cols, (const double *)s, (const double *)b, eps);
+        return SG_OK;
+    }
+    if (dt == SG_F32) {
+        layer_norm_f32((const float *)x + xo, (float *)y + yo, (float *)mean + mo, (float *)invstd + io, rows, cols,
+                       (const float *)s, (const float *)b, eps);
+        return SG_OK;
+    }
+    /* float16: computed in float32 copies */
+    const int64_t n = rows * cols;
+    int own_x = 0, own_s = 0, own_b = 0, err = SG_OK;
+    float *fx = sg_as_f32(x + xo * isz, dt, n, &own_x);
+    float *fs = s ? sg_as_f32(s, dt, cols, &own_s) : NULL, *fb = b ? sg_as_f32(b, dt, cols, &own_b) : NULL;
+    float *fy = (float *)malloc((size_t)(n + 2 * rows) * sizeof(float));
+    if (!fx || !fy || (s && !fs) || (b && !fb)) {
+        err = SG_ENOMEM;
+    } else {
+        layer_norm_f32(fx, fy, fy + n, fy + n + rows, rows, cols, fs, fb, eps);
+        sg_f2h(fy, (sg_half *)y + yo, n);
+        sg_f2h(fy + n, (sg_half *)mean + mo, rows);
+        sg_f2h(fy + n + rows, (sg_half *)invstd + io, rows);
+    }
+    free(fy);
+    if (own_x) free(fx);
+    if (own_s) free(fs);
+    if (own_b) free(fb);
     return err;
 }

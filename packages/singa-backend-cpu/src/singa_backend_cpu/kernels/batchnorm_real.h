@@ -141,3 +141,41 @@ static int SG_R(bn_backward)(const sg_real *dy, const sg_real *x, sg_real *dx, i
     free(db);
     return SG_OK;
 }
+
+/* Layer normalisation of the rows of x (rows, cols): statistics in double, two passes (mean, then squared deviations)
+ * as for batch normalisation; the rows are split over the threads. scale and bias may be NULL (1 and 0). */
+static void SG_R(layer_norm)(const sg_real *x, sg_real *y, sg_real *mean, sg_real *invstd, int64_t rows,
+                             int64_t cols, const sg_real *scale, const sg_real *bias, double eps) {
+    const int T = sg_threads_for(rows * cols, 1 << 15);
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const sg_real *xr = x + r * cols;
+        sg_real *yr = y + r * cols;
+        double s = 0, q = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < cols; j++) s += xr[j];
+        const double m = s / (double)cols;
+#pragma omp simd reduction(+ : q)
+        for (int64_t j = 0; j < cols; j++) {
+            const double d = xr[j] - m;
+            q += d * d;
+        }
+        const double inv = 1.0 / sqrt(q / (double)cols + eps);
+        const sg_real mr = (sg_real)m, ir = (sg_real)inv;
+        if (scale && bias) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mr) * ir * scale[j] + bias[j];
+        } else if (scale) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mr) * ir * scale[j];
+        } else if (bias) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mr) * ir + bias[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - mr) * ir;
+        }
+        mean[r] = mr;
+        invstd[r] = ir;
+    }
+}

@@ -672,6 +672,34 @@ def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
                 *_vec_args(*(_Vec(v, _vec_dtype(x)) for v in (scale, bias, mean, var))), _acc(dev, eps)))
 
 
+def _layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> None:
+    views = (y, mean, invstd, x, scale, bias)
+    present = tuple(v for v in views if v is not None)
+    _float_views("layer_norm", present, x)
+    if any(v.dtype != x.dtype for v in present):
+        raise _dtype_error("layer_norm", views, FLOATS)
+    rows, cols = kernel_checks.layer_norm_dims(backend_of(present), views)
+    if not rows or not cols:
+        return
+    x = _contiguous(x)
+    dev = x.buffer.device
+    vt = _vec_dtype(x)
+    stats = [_Vec(mean, vt, read=False), _Vec(invstd, vt, read=False)]
+    given = [_Vec(v, vt) for v in (scale, bias) if v is not None]
+    args = _vec_args(*stats, *given)
+    stand_in = x.buffer.handle.arg
+    sc = args[2] if scale is not None else stand_in
+    bi = args[-1] if bias is not None else stand_in
+    kern = dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_layer_norm")
+    wg = dev.group_size(kern)
+    dev.launch(kern, rows * wg,
+               (I64(cols), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset), args[0], args[1],
+                sc, bi, I32((scale is not None) | (bias is not None) << 1), _acc(dev, eps),
+                wg * _acc_size(dev, F32)))
+    for v in stats:
+        v.done()
+
+
 def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd) -> None:
     views = (dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd)
     _float_views("batchnorm_backward", views, x)

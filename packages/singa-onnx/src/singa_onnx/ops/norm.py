@@ -1,5 +1,5 @@
-"""Normalisation: BatchNormalization (SINGA's kernel, any rank), Instance/Layer/Group/RMS normalisation,
-LpNormalization, MeanVarianceNormalization (composed from autograd operators, so they train)."""
+"""Normalisation: BatchNormalization and LayerNormalization (SINGA's kernels, any rank), Instance/Group/RMS
+normalisation, LpNormalization, MeanVarianceNormalization (composed from autograd operators, so they train)."""
 
 from __future__ import annotations
 
@@ -76,13 +76,10 @@ def instance_norm(node, inputs, opset):
 def layer_norm(node, inputs, opset):
     ts = inputs_as_tensors(node, list(inputs) + [None] * (3 - len(inputs)))
     x, scale, bias = ts[:3]
-    nd = len(x.shape)
-    ax = norm_axis(node.attr("axis", -1), nd)
-    mean, d, var = _moments(x, list(range(ax, nd)))
-    inv = _inv_std(var, node.attr("epsilon", 1e-5))
-    y = autograd.mul(autograd.mul(d, inv), scale)
-    if bias is not None:
-        y = autograd.add(y, bias)
+    ax = norm_axis(node.attr("axis", -1), len(x.shape))
+    vecs = [t for t in (scale, bias) if t is not None]
+    op = autograd.LayerNorm(ax, float(node.attr("epsilon", 1e-5)), scale is not None, bias is not None)
+    y, mean, inv = op(x, *vecs)  # one layer_norm kernel
     outs = [y]
     if len(node.outputs) > 1 and node.outputs[1]:
         outs.append(mean)

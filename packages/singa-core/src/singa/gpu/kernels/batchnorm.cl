@@ -106,3 +106,32 @@ __kernel void sg_bn_bwd_dx(const long n, const long C, const long S, __global co
     ST(dx, dxo + i, coef[3 * c] * LD(dy, dyo + i) + coef[3 * c + 1] * ((sg_acc)LD(x, xo + i) - smean[c])
                         + coef[3 * c + 2]);
 }
+
+/* Layer normalisation of the rows of x (rows, cols), one work-group per row, two passes as above. flags bit 0: scale
+ * is given, bit 1: bias is given (an absent one's argument is another buffer, never read). mean and invstd are V. */
+__kernel void sg_layer_norm(const long cols, __global const T *x, const long xo, __global T *y, const long yo,
+                            __global V *mean, __global V *invstd, __global const V *scale, __global const V *bias,
+                            const int flags, const sg_acc eps, SG_LOCAL_ARG(sg_acc, tmp)) {
+    SG_LOCAL_INIT(sg_acc, tmp);
+    const long r = get_group_id(0), base = r * cols;
+    const int lid = get_local_id(0), wg = get_local_size(0);
+    sg_acc s = 0;
+    for (long j = lid; j < cols; j += wg) s += LD(x, xo + base + j);
+    const sg_acc m = sg_group_sum(s, tmp) / (sg_acc)cols;
+    s = 0;
+    for (long j = lid; j < cols; j += wg) {
+        const sg_acc d = LD(x, xo + base + j) - m;
+        s += d * d;
+    }
+    const sg_acc inv = 1 / sqrt(sg_group_sum(s, tmp) / (sg_acc)cols + eps);
+    for (long j = lid; j < cols; j += wg) {
+        sg_acc v = ((sg_acc)LD(x, xo + base + j) - m) * inv;
+        if (flags & 1) v *= scale[j];
+        if (flags & 2) v += bias[j];
+        ST(y, yo + base + j, v);
+    }
+    if (lid == 0) {
+        mean[r] = (V)m;
+        invstd[r] = (V)inv;
+    }
+}

@@ -1,4 +1,4 @@
-"""Batch normalisation, softmax / log-softmax and softmax cross-entropy, forward and backward.
+"""Batch normalisation, layer normalisation, softmax / log-softmax and softmax cross-entropy, forward and backward.
 
 Gradients are checked twice: against the closed forms in float64, and against central finite differences of a
 float64 reference forward written here, so a wrong closed form in both the kernel and this file cannot agree.
@@ -27,8 +27,8 @@ from singa.testing.conformance.references import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 
-COVERS = {"batchnorm_train", "batchnorm_infer", "batchnorm_backward", "softmax", "log_softmax", "softmax_backward",
-          "log_softmax_backward", "softmax_cross_entropy", "softmax_cross_entropy_backward"}
+COVERS = {"batchnorm_train", "batchnorm_infer", "batchnorm_backward", "layer_norm", "softmax", "log_softmax",
+          "softmax_backward", "log_softmax_backward", "softmax_cross_entropy", "softmax_cross_entropy_backward"}
 
 F32 = dtypes.float32
 DTYPES = (F32, dtypes.float64)  # batch norm, softmax gradients and the loss (softmax itself: every float dtype)
@@ -96,6 +96,41 @@ def test_batchnorm_infer(device, shape, dtype):
     mean_, var_, scale_, bias_ = (per_channel(v, x) for v in (mean, var, scale, bias))
     want = (x.astype(np.float64) - mean_) / np.sqrt(var_ + eps) * scale_ + bias_
     H.assert_close(H.download(device, y), want, dtype, **_tol(dtype, 1e-5, 1e-5), what="batchnorm_infer")
+
+
+# -- layer normalisation --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [F32, dtypes.float64, dtypes.float16], ids=dtypes.name)
+@pytest.mark.parametrize("given", ["scale+bias", "scale", "bias", "neither"])
+@pytest.mark.parametrize("shape", [(5, 7), (3, 1), (2, 1000), (130, 24)], ids=lambda s: "x".join(map(str, s)))
+def test_layer_norm(device, shape, given, dtype):
+    """Each row normalised with its own mean and biased variance, then scaled and shifted; a large common offset
+    (rows around 50) checks that the variance is taken of the deviations, not as E[x^2] - E[x]^2."""
+    H.require(device, dtype)
+    gen = H.rng("layer-norm", shape, given)
+    rows, cols = shape
+    x = (gen.normal(50.0, 2.0, shape) * gen.uniform(0.5, 2, (rows, 1))).astype(H.np_dtype(dtype))
+    scale = H.draw(gen, (cols,), dtype, 0.5, 2) if "scale" in given else None
+    bias = H.draw(gen, (cols,), dtype, -1, 1) if "bias" in given else None
+    eps = 1e-3
+    y, mean, invstd = H.empty(device, shape, dtype), H.empty(device, (rows,), dtype), H.empty(device, (rows,), dtype)
+    device.table["layer_norm"](y, mean, invstd, H.upload(device, x, offset=3),
+                               None if scale is None else H.upload(device, scale, offset=1),
+                               None if bias is None else H.upload(device, bias, offset=2), eps=eps)
+    x64 = x.astype(np.float64)
+    m = x64.mean(axis=1)
+    inv = 1 / np.sqrt(((x64 - m[:, None]) ** 2).mean(axis=1) + eps)
+    want = (x64 - m[:, None]) * inv[:, None]
+    if scale is not None:
+        want = want * scale.astype(np.float64)
+    if bias is not None:
+        want = want + bias.astype(np.float64)
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == dtypes.float16 else _tol(dtype, 1e-5, 1e-5)
+    H.assert_close(H.download(device, y), want, dtype, **tol, what="layer_norm y")
+    H.assert_close(H.download(device, mean), m, dtype, **_tol(dtype, 1e-6), what="layer_norm mean")
+    H.assert_close(H.download(device, invstd), inv, dtype, **({"rtol": 1e-2} if dtype == dtypes.float16 else
+                                                            _tol(dtype, 1e-4)), what="layer_norm invstd")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
