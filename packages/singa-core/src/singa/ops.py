@@ -1077,6 +1077,16 @@ def _mat_operand(X: Tensor, S: tuple, B: int) -> tuple:
     return View(Xc.buffer, dt, (B, r, c), None, 0), False
 
 
+def _plain_matrix(t: Tensor, r: int, c: int) -> tuple[View, bool] | None:
+    """A 2-D t (r, c) as the kernel's (1, r, c) view when row-major, (1, c, r) with trans when it is a transposed
+    row-major matrix; None for any other layout."""
+    if t.strides == (c, 1):
+        return View(t.buffer, t.dtype, (1, r, c), (r * c, c, 1), t.offset), False
+    if t.strides == (1, r):
+        return View(t.buffer, t.dtype, (1, c, r), (r * c, r, 1), t.offset), True
+    return None
+
+
 def _matrix_product(a: Tensor, b: Tensor, alpha: Any) -> Tensor | None:
     """The product of two float matrices, each row-major or a transposed row-major one, into a new tensor: the case of
     every fully connected layer and its gradients, without the general path's checks that cannot fail for it. None
@@ -1087,22 +1097,12 @@ def _matrix_product(a: Tensor, b: Tensor, alpha: Any) -> Tensor | None:
     (m, k), (k2, n) = a.shape, b.shape
     if b.dtype != dt or dt not in _FLOATS or b.device is not dev or k != k2 or not (m and n and k):
         return None
-    sa, sb = a.strides, b.strides
-    if sa == (k, 1):
-        a3, ta = View(a.buffer, dt, (1, m, k), (m * k, k, 1), a.offset), False
-    elif sa == (1, m):
-        a3, ta = View(a.buffer, dt, (1, k, m), (m * k, m, 1), a.offset), True
-    else:
-        return None
-    if sb == (n, 1):
-        b3, tb = View(b.buffer, dt, (1, k, n), (k * n, n, 1), b.offset), False
-    elif sb == (1, k):
-        b3, tb = View(b.buffer, dt, (1, n, k), (k * n, k, 1), b.offset), True
-    else:
+    pa, pb = _plain_matrix(a, m, k), _plain_matrix(b, k, n)
+    if pa is None or pb is None:
         return None
     target = _empty((m, n), dt, dev)
-    _table(dev)["matmul"](View(target.buffer, dt, (1, m, n), (m * n, n, 1), 0), a3, b3, trans_a=ta, trans_b=tb,
-                          alpha=float(alpha), beta=0.0)
+    _table(dev)["matmul"](View(target.buffer, dt, (1, m, n), (m * n, n, 1), 0), pa[0], pb[0], trans_a=pa[1],
+                          trans_b=pb[1], alpha=float(alpha), beta=0.0)
     return target
 
 
