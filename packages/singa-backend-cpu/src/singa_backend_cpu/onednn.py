@@ -1,4 +1,4 @@
-"""oneDNN as a kernel provider: float32 matrix products (its sgemm, called from the C kernels: see sgemm_address) and
+"""oneDNN as a kernel provider: float32 matrix products (its sgemm, called from the C kernels: see install_sgemm) and
 convolutions (forward and both gradients) through Intel's deep-learning kernel library, the one PyTorch and
 TensorFlow use on CPUs, where it beats the backend's own kernels.
 
@@ -188,17 +188,23 @@ def mode() -> str:
     return value
 
 
-def sgemm_address() -> int:
-    """The address of oneDNN's dnnl_sgemm (row-major float32 GEMM) for the C kernels' matrix products; 0 where
-    oneDNN is not loaded or SINGA_ONEDNN is 0 (an unknown value leaves it off here; the first convolution names it)."""
+_sgemm_on = False
+
+
+def install_sgemm(set_sgemm: Callable[[int], None]) -> bool:
+    """Hand oneDNN's dnnl_sgemm (row-major float32 GEMM) to the C kernels' matrix products: `set_sgemm(address)`,
+    unless oneDNN is not loaded or SINGA_ONEDNN is 0 (an unknown value leaves it off here; the first convolution
+    names it). Called once, when the kernel table loads; True when installed."""
+    global _sgemm_on
     try:
         off = mode() == "0"
     except ValueError:
         off = True
     lib = None if off else library()
-    if lib is None:
-        return 0
-    return int(lib.ffi.cast("uintptr_t", lib.lib.dnnl_sgemm))
+    if lib is not None:
+        set_sgemm(int(lib.ffi.cast("uintptr_t", lib.lib.dnnl_sgemm)))
+        _sgemm_on = True
+    return _sgemm_on
 
 
 def status() -> str:
@@ -210,7 +216,7 @@ def status() -> str:
         used = sum(1 for c in _choices.values() if c != OWN)
         total = len(_choices)
     return (f"oneDNN {'.'.join(map(str, lib.version))} ({lib.path}); {SETTING}={mode()}; float32 matrix products "
-            f"({'on' if sgemm_address() else 'off'}) and convolutions ({used} of {total} shapes seen so far run on it)")
+            f"({'on' if _sgemm_on else 'off'}) and convolutions ({used} of {total} shapes seen so far run on it)")
 
 
 # -- plans --------------------------------------------------------------------------------------------------------

@@ -177,9 +177,7 @@ def _make_arg(name: str, want_max: int) -> Callable:
 
 
 # float32 products: oneDNN's sgemm where it is loaded and SINGA_ONEDNN is not 0 (read once, here), else OpenBLAS
-SGEMM = "onednn" if onednn.sgemm_address() else "openblas"
-if SGEMM == "onednn":
-    lib.sg_set_sgemm(ffi.cast("void *", onednn.sgemm_address()))
+SGEMM = "onednn" if onednn.install_sgemm(lambda address: lib.sg_set_sgemm(ffi.cast("void *", address))) else "openblas"
 
 
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
