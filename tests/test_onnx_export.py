@@ -116,7 +116,8 @@ UNARY = [
     ("abs", autograd.abs, rn), ("exp", autograd.exp, rn), ("log", autograd.log, uni(0.1, 4)),
     ("sqrt", autograd.sqrt, uni(0.1, 4)), ("softplus", autograd.softplus, rn), ("softsign", autograd.softsign, rn),
     ("negative", autograd.negative, rn), ("reciprocal", autograd.reciprocal, uni(0.5, 3)), ("erf", autograd.erf, rn),
-    ("gelu", autograd.gelu, rn), ("sign", autograd.sign, halves), ("ceil", autograd.ceil, halves),
+    ("gelu", autograd.gelu, rn), ("gelu_tanh", autograd.gelu_tanh, rn),
+    ("sign", autograd.sign, halves), ("ceil", autograd.ceil, halves),
     ("floor", autograd.floor, halves), ("round", autograd.round, halves), ("rounde", autograd.rounde, halves),
     ("elu", lambda x: autograd.elu(x, 0.7), rn), ("selu", lambda x: autograd.selu(x, 1.5, 1.1), rn),
     ("leakyrelu", lambda x: autograd.leakyrelu(x, 0.1), rn),
@@ -140,6 +141,13 @@ def test_unary(fn, gen) -> None:
 def test_gelu_native_from_opset_20() -> None:
     assert "Gelu" not in op_types(check(autograd.gelu, one(rn, 6)))
     assert "Gelu" in op_types(check(autograd.gelu, one(rn, 6), opset=20))
+
+
+def test_gelu_tanh_native_from_opset_20() -> None:
+    assert "Tanh" in op_types(check(autograd.gelu_tanh, one(rn, 6)))
+    exported = op_types(check(autograd.gelu_tanh, one(rn, 6), opset=20))
+    assert "Gelu" in exported
+    assert "Tanh" not in exported
 
 
 def test_round_goes_half_away_from_zero() -> None:

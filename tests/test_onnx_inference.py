@@ -496,6 +496,51 @@ def test_gelu_spelled_out_runs_as_one_node(dev, form):
     assert kinds == ["MatMul", "Gelu"], kinds
 
 
+def _gelu_tanh_model(form: str, cube_is_output: bool = False):
+    """x -> MatMul -> tanh-GELU as PyTorch ('torch': x * (x * x), (h * (1 + t)) * 0.5) or Hugging Face's gelu_new
+    ('pow': Pow(x, 3), (0.5 * h) * (1 + t)) export it -> y."""
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=nh.from_array(np.array(v, np.float32)))  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"])]
+    if form == "pow":
+        nodes += [c("three", 3.0), helper.make_node("Pow", ["h", "three"], ["cube"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "h"], ["sq"]), helper.make_node("Mul", ["h", "sq"], ["cube"])]
+    nodes += [c("a", 0.044715), helper.make_node("Mul", ["a", "cube"], ["ac"]),
+              helper.make_node("Add", ["h", "ac"], ["inner"]), c("k", 0.7978845834732056),
+              helper.make_node("Mul", ["k", "inner"], ["u"]), helper.make_node("Tanh", ["u"], ["t"]),
+              c("one", 1.0), helper.make_node("Add", ["one", "t"], ["p"]), c("half", 0.5)]
+    if form == "pow":
+        nodes += [helper.make_node("Mul", ["half", "h"], ["hh"]), helper.make_node("Mul", ["hh", "p"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "p"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    outs = [vi("y", ["N", 16])] + ([vi("cube", ["N", 16])] if cube_is_output else [])
+    return make_model(nodes, [vi("x", ["N", 8])], outs, [nh.from_array(arr(8, 16), "W")])
+
+
+@pytest.mark.parametrize("form", ["torch", "pow"])
+def test_gelu_tanh_spelled_out_runs_as_one_node(dev, form):
+    m = _gelu_tanh_model(form)
+    rep = sonnx.prepare(m, dev)
+    x = arr(5, 8, scale=2.0)
+    want = ort_run(m, {"x": x})[0]
+    for _ in range(3):
+        np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-5, atol=1e-6)
+    plan = rep.inference_plan().program.nodes
+    assert [n.op_type for n in plan] == ["MatMul", "Gelu"], [n.op_type for n in plan]
+    assert plan[1].attrs.get("approximate") == "tanh"
+
+
+def test_gelu_tanh_whose_cube_is_read_elsewhere_is_left_as_it_is(dev):
+    m = _gelu_tanh_model("torch", cube_is_output=True)
+    rep = sonnx.prepare(m, dev)
+    x = arr(5, 8, scale=2.0)
+    want = ort_run(m, {"x": x})
+    for _ in range(3):
+        for g, w in zip(rep.run([x]), want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "Tanh" in [n.op_type for n in rep.inference_plan().program.nodes]
+
+
 def test_gelu_whose_parts_are_read_elsewhere_is_left_as_it_is(dev):
     m = _gelu_model("div", erf_is_output=True)
     rep = sonnx.prepare(m, dev)

@@ -19,6 +19,7 @@ hands it singa.expressions.TABLE.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -235,7 +236,8 @@ def _render(k: Kernel) -> str:
     lines.append(f"        {k.symbol}_range(0, n, o{ptr_args}{params_pass});")
     lines.append("        return;")
     lines.append("    }")
-    variants = [(1, 0), (0, 1)] if nin == 2 else []
+    # every mix of unit-stride and broadcast inputs (where's condition and fill value, a binary op's scalar side)
+    variants = [v for v in itertools.product((1, 0), repeat=nin) if 0 in v and 1 in v]
     for v in variants:
         cond = " && ".join(["st[0] == 1"] + [f"st[{i + 1}] == {s}" for i, s in enumerate(v)])
         lines.append(f"    if ({cond}) {{")

@@ -696,6 +696,15 @@ def _gelu_grad(dy: Tensor, x: Tensor, y: Tensor | None) -> Tensor:
     return ops.mul(dy, ops.add(cdf, ops.mul(x, pdf)))
 
 
+def _gelu_tanh_grad(dy: Tensor, x: Tensor, y: Tensor | None) -> Tensor:
+    # y = x/2 (1 + t), t = tanh(c (x + a x^3)): dy/dx = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 a x^2)
+    c, a = math.sqrt(2 / math.pi), 0.044715
+    x2 = ops.square(x)
+    t = ops.tanh(ops.mul(ops.mul(x, ops.add(ops.mul(x2, a), 1.0)), c))
+    slope = ops.mul(ops.mul(ops.sub(1.0, ops.square(t)), ops.add(ops.mul(x2, 3 * a * c), c)), ops.mul(x, 0.5))
+    return ops.mul(dy, ops.add(ops.mul(ops.add(t, 1.0), 0.5), slope))
+
+
 def _round_half_away(x: Tensor) -> Tensor:
     return ops.mul(ops.sign(x), ops.floor(ops.add(ops.abs(x), 0.5)))
 
@@ -730,6 +739,9 @@ Reciprocal, reciprocal = _unary("Reciprocal", "reciprocal", lambda dy, x, y: ops
 Erf, erf = _unary("Erf", "erf",
                   lambda dy, x, y: ops.mul(dy, ops.mul(ops.exp(ops.neg(ops.square(x))), 2.0 / math.sqrt(math.pi))))
 Gelu, gelu = _unary("Gelu", "gelu", _gelu_grad, doc="x * Phi(x) (the exact, erf-based GELU).")
+GeluTanh, gelu_tanh = _unary("GeluTanh", "gelu_tanh", _gelu_tanh_grad,
+                             doc="x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GELU's tanh approximation "
+                                 "(PyTorch's gelu(approximate='tanh'), GPT-2's).")
 Sign, sign = _unary("Sign", "sign", base=_Flat, arg="a")
 Ceil, ceil = _unary("Ceil", "ceil", base=_Flat)
 Floor, floor = _unary("Floor", "floor", base=_Flat)

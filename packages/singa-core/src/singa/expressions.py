@@ -124,6 +124,7 @@ def _hardsigmoid(x, alpha, beta):
 
 
 SQRT1_2 = "0.70710678118654752440"
+TWO_SQRT2_PI = "1.59576912160573071176"  # 2 sqrt(2 / pi): the tanh GELU as x * sigmoid(2u)
 
 NUMERIC = dt.NUMERIC
 E = Elementwise
@@ -158,6 +159,11 @@ UNARY = [
     E("softplus", 1, "(x > 20 ? x : log(1 + exp(x)))", lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))),
     E("softsign", 1, "x / (1 + fabs(x))", lambda x: x / (1 + np.abs(x))),
     E("gelu", 1, f"0.5f * x * (1 + erf(x * {SQRT1_2}f))", lambda x: 0.5 * x * (1 + _erf(x * np.sqrt(0.5)))),
+    # x/2 (1 + tanh u) written as x / (1 + exp(-2u)): the same function without 1 + tanh's cancellation for x < 0,
+    # and without leaning on tanh(-inf) being exactly -1 (some OpenCL libraries give -0.99999994)
+    E("gelu_tanh", 1, f"x / (1 + exp(-{TWO_SQRT2_PI}f * (x + 0.044715f * x * x * x)))",
+      lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+      doc="GELU's tanh approximation (PyTorch's gelu(approximate='tanh'), GPT-2's)"),
     E("isnan", 1, "(x != x)", np.isnan, out_bool=True),
     E("isinf", 1, "(fabs(x) == INFINITY)", np.isinf, out_bool=True),
     E("logical_not", 1, "!x", np.logical_not, (dt.bool_,), out_bool=True),

@@ -693,6 +693,19 @@ def _gelu(ex, op, X, Y):
     ex.node("Mul", [x, cdf], Y)
 
 
+@_handles("GeluTanh")
+def _gelu_tanh(ex, op, X, Y):
+    if ex.opset >= 20:
+        ex.node("Gelu", X, Y, approximate="tanh")
+        return
+    x = X[0]  # x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), as PyTorch writes it below opset 20
+    cube = ex.node("Mul", [x, ex.node("Mul", [x, x])])
+    inner = ex.node("Add", [x, ex.node("Mul", [cube, ex.scalar(0.044715, x, "gelu_a")])])
+    t = ex.node("Tanh", [ex.node("Mul", [inner, ex.scalar(math.sqrt(2 / math.pi), x, "sqrt2_pi")])])
+    half = ex.node("Mul", [ex.node("Add", [t, ex.scalar(1.0, x, "one")]), ex.scalar(0.5, x, "half")])
+    ex.node("Mul", [x, half], Y)
+
+
 @_handles("SoftMax", "LogSoftmax")
 def _softmax(ex, op, X, Y):
     kind = "Softmax" if _autograd_class(op, {"SoftMax": 1, "LogSoftmax": 1}) == "SoftMax" else "LogSoftmax"

@@ -283,9 +283,11 @@ class _Folder:
         return self._clone(bn, inputs, node.outputs[:1], node.out_types[:1])
 
 
-# -- GELU: the erf form exporters write, as one node ---------------------------------------------------------------
+# -- GELU: the erf and tanh forms exporters write, as one node -------------------------------------------------------
 
 _SQRT2 = 1.4142135623730951
+_SQRT2_PI = 0.7978845608028654  # sqrt(2 / pi)
+_TANH_A = 0.044715
 
 
 def _scalar(v: Any) -> float | None:
@@ -296,22 +298,13 @@ def _scalar(v: Any) -> float | None:
     return float(a.reshape(-1)[0])
 
 
-def _scaled_input(node: OnnxNode, near) -> str | None:
-    """x of x / sqrt(2) or x * (1 / sqrt(2)) (either operand order), else None."""
-    if len(node.inputs) != 2:
-        return None
-    a, b = node.inputs
-    if node.op_type == "Div":
-        return a if near(b, _SQRT2) else None
-    if node.op_type == "Mul":
-        return a if near(b, 1 / _SQRT2) else (b if near(a, 1 / _SQRT2) else None)
-    return None
-
-
 def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
-    """Replace x * 0.5 * (1 + erf(x / sqrt(2))), as PyTorch's and TensorFlow's exporters spell it (Div or Mul by the
-    constant, Erf, Add 1, then Mul by x and by 0.5 in either order), with one Gelu node: one kernel instead of five,
-    and no temporaries. The float32 result differs from the five rounded steps by a few ulp."""
+    """Replace GELU spelled out as exporters write it with one Gelu node: one kernel instead of five (erf) or nine
+    (tanh), and no temporaries. Forms: x * 0.5 * (1 + erf(x / sqrt(2))) (Div or Mul by the constant), and
+    x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) with x^3 as Pow(x, 3) or products of x (PyTorch's
+    gelu(approximate='tanh'), GPT-2's gelu_new); the last two products in either order, operands in either order.
+    Every intermediate must be read by the pattern alone and not be a graph output. The float32 result differs from
+    the rounded steps by a few ulp."""
     uses: dict[str, list[OnnxNode]] = {}
     producer: dict[str, OnnxNode] = {}
     for node in nodes:
@@ -322,12 +315,22 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
                 producer[o] = node
     kept = set(outputs)
 
+    def private(name: str) -> bool:
+        return len(uses.get(name, [])) == 1 and name not in kept
+
     def sole(name: str, op: str) -> OnnxNode | None:
         """The one node reading `name` when it is an `op` and `name` is not a graph output."""
         readers = uses.get(name, [])
-        if len(readers) != 1 or name in kept or readers[0].op_type != op:
+        if not private(name) or readers[0].op_type != op:
             return None
         return readers[0]
+
+    def made(name: str | None, op: str) -> OnnxNode | None:
+        """The `op` node computing `name` when `name` is read once and not a graph output."""
+        node = producer.get(name) if name is not None else None
+        if node is None or node.op_type != op or len(node.inputs) != 2 or not private(name):
+            return None
+        return node
 
     def other(node: OnnxNode, name: str) -> str | None:
         """The input of a two-input node that is not `name`."""
@@ -339,35 +342,83 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         v = _scalar(values.get(name)) if name in values else None
         return v is not None and abs(v - want) <= 1e-6 * abs(want)
 
+    def scaled(name: str, factor: float) -> tuple[str, OnnxNode] | None:
+        """(y, the node) when `name` is y * factor (either order) or y / (1 / factor)."""
+        node = producer.get(name)
+        if node is None or len(node.inputs) != 2 or not private(name):
+            return None
+        a, b = node.inputs
+        if node.op_type == "Div":
+            return (a, node) if near(b, 1 / factor) else None
+        if node.op_type == "Mul":
+            return (a, node) if near(b, factor) else ((b, node) if near(a, factor) else None)
+        return None
+
+    def erf_head(erf: OnnxNode) -> tuple[str, list] | None:
+        """x and the nodes of x / sqrt(2) feeding `erf`."""
+        found = scaled(erf.inputs[0], 1 / _SQRT2)
+        return None if found is None else (found[0], [found[1]])
+
+    def cube_of(name: str) -> tuple[str, list] | None:
+        """x and the nodes of x^3 = Pow(x, 3), x * (x * x) or (x * x) * x at `name`."""
+        node = producer.get(name)
+        if node is None or len(node.inputs) != 2 or not private(name):
+            return None
+        a, b = node.inputs
+        if node.op_type == "Pow":
+            return (a, [node]) if near(b, 3.0) else None
+        if node.op_type != "Mul":
+            return None
+        for x, sq in ((a, b), (b, a)):
+            square = made(sq, "Mul")
+            if square is not None and square.inputs[0] == square.inputs[1] == x:
+                return x, [node, square]
+        return None
+
+    def tanh_head(tanh: OnnxNode) -> tuple[str, list] | None:
+        """x and the nodes of sqrt(2/pi) * (x + 0.044715 * x^3) feeding `tanh`."""
+        found = scaled(tanh.inputs[0], _SQRT2_PI)
+        if found is None:
+            return None
+        inner, scale = found
+        plus = made(inner, "Add")
+        if plus is None:
+            return None
+        for x, term in (tuple(plus.inputs), tuple(plus.inputs)[::-1]):
+            found = scaled(term, _TANH_A)
+            cube = cube_of(found[0]) if found is not None else None
+            if cube is not None and cube[0] == x:
+                return x, [scale, plus, found[1]] + cube[1]
+        return None
+
+    heads = {"Erf": (erf_head, "none"), "Tanh": (tanh_head, "tanh")}
     replaced: dict[int, OnnxNode] = {}
     dropped: set[int] = set()
-    for erf in nodes:
-        if erf.op_type != "Erf" or len(erf.inputs) != 1 or erf.in_types[0] != _FLOAT:
+    for core in nodes:
+        head = heads.get(core.op_type)
+        if head is None or len(core.inputs) != 1 or core.in_types[0] != _FLOAT:
             continue
-        scale = producer.get(erf.inputs[0])
-        if scale is None or len(uses.get(erf.inputs[0], [])) != 1 or erf.inputs[0] in kept:
+        found = head[0](core)
+        if found is None:
             continue
-        x = _scaled_input(scale, near)
-        if x is None:
-            continue
-        plus = sole(erf.outputs[0], "Add")
-        if plus is None or not near(other(plus, erf.outputs[0]), 1.0):
+        x, group = found
+        plus = sole(core.outputs[0], "Add")
+        if plus is None or not near(other(plus, core.outputs[0]), 1.0):
             continue
         times = sole(plus.outputs[0], "Mul")
         if times is None:
             continue
         partner = other(times, plus.outputs[0])
-        group = [scale, erf, plus, times]
-        if partner == x:  # (x * (1 + erf)) * 0.5
+        group += [core, plus, times]
+        if partner == x:  # (x * (1 + f)) * 0.5
             half = sole(times.outputs[0], "Mul")
             if half is None or not near(other(half, times.outputs[0]), 0.5):
                 continue
             group.append(half)
             last = half
-        else:  # (x * 0.5) * (1 + erf)
-            half = producer.get(partner)
-            if (half is None or half.op_type != "Mul" or len(uses.get(partner, [])) != 1 or partner in kept
-                    or other(half, x) is None or not near(other(half, x), 0.5)):
+        else:  # (x * 0.5) * (1 + f)
+            half = made(partner, "Mul")
+            if half is None or other(half, x) is None or not near(other(half, x), 0.5):
                 continue
             group.append(half)
             last = times
@@ -378,8 +429,8 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         gelu.domain = ""
         gelu.name = f"{last.name}/gelu"
         gelu.inputs, gelu.uses = [x], [x]
-        gelu.in_types = [scale.in_types[0] if scale.inputs[0] == x else scale.in_types[1]]
-        gelu.attrs = OnnxAttributes(approximate="none")
+        gelu.in_types = [core.in_types[0]]
+        gelu.attrs = OnnxAttributes(approximate=head[1])
         gelu.entry = lookup("", "Gelu", max(last.opset, 20))
         gelu.function = None
         gelu.scratch = {}

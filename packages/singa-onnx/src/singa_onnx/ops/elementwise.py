@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from onnx import TensorProto as TP
 
@@ -253,12 +251,10 @@ def swish(node, inputs, opset):
 @register("Gelu")
 def gelu(node, inputs, opset):
     x = tensor(node, inputs[0])
-    if node.attr("approximate", "none") == "tanh":
-        c = const_like(x, math.sqrt(2.0 / math.pi))
-        inner = autograd.mul(c, autograd.add(x, autograd.mul(const_like(x, 0.044715), autograd.mul(x, autograd.mul(
-            x, x)))))
-        return autograd.mul(autograd.mul(x, const_like(x, 0.5)), autograd.add(autograd.tanh(inner), const_like(x, 1.0)))
-    return autograd.gelu(x)
+    approximate = node.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"Gelu: approximate={approximate!r}, expected 'none' or 'tanh'")
+    return autograd.gelu_tanh(x) if approximate == "tanh" else autograd.gelu(x)
 
 
 @register("Shrink")

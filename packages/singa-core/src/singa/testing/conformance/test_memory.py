@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -164,16 +166,16 @@ def test_where(device, dtype):
     H.require(device, dtype)
     gen = H.rng("where", dtype)
     shape = (4, 5)
-    for pc in ((), (0,), (1,)):
-        for pa, pb in (((), ()), ((1,), (0,)), ((0, 1), ())):
-            cond = gen.random(tuple(1 if i in pc else d for i, d in enumerate(shape))) < 0.5
-            a = H.draw(gen, tuple(1 if i in pa else d for i, d in enumerate(shape)), dtype, -50, 50)
-            b = H.draw(gen, tuple(1 if i in pb else d for i, d in enumerate(shape)), dtype, -50, 50)
-            out = H.empty(device, shape, dtype)
-            device.table["where"](out, H.broadcast(device, cond, shape), H.broadcast(device, a, shape),
-                                  H.broadcast(device, b, shape))
-            H.assert_close(H.download(device, out), np.where(cond, a, b), dtype, rtol=0, atol=0,
-                           what=f"where: cond over {pc}, a over {pa}, b over {pb}")
+    # every mix of operands read along the rows, broadcast along them (axis 1) or broadcast whole
+    for pc, pa, pb in itertools.product(((), (0,), (1,)), ((), (1,), (0, 1)), ((), (0,), (1,))):
+        cond = gen.random(tuple(1 if i in pc else d for i, d in enumerate(shape))) < 0.5
+        a = H.draw(gen, tuple(1 if i in pa else d for i, d in enumerate(shape)), dtype, -50, 50)
+        b = H.draw(gen, tuple(1 if i in pb else d for i, d in enumerate(shape)), dtype, -50, 50)
+        out = H.empty(device, shape, dtype)
+        device.table["where"](out, H.broadcast(device, cond, shape), H.broadcast(device, a, shape),
+                              H.broadcast(device, b, shape))
+        H.assert_close(H.download(device, out), np.broadcast_to(np.where(cond, a, b), shape), dtype, rtol=0, atol=0,
+                       what=f"where: cond over {pc}, a over {pa}, b over {pb}")
     s3 = (3, 4, 2)
     cond, a, b = gen.random(s3) < 0.5, H.draw(gen, s3, dtype, -50, 50), H.draw(gen, s3, dtype, -50, 50)
     out = H.empty(device, s3, dtype)
