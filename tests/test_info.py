@@ -80,15 +80,18 @@ def test_hostmem_coverage_json(hostmem_installed):
     every = primitives.names()
     assert k["total"] == len(every)
     assert k["implemented"] == len(HOSTMEM_KERNELS)
-    assert k["fallback"] == len(every) - len(HOSTMEM_KERNELS)
+    assert k["composed"] == len(primitives.COMPOSED)
+    assert k["fallback"] == len(every) - len(HOSTMEM_KERNELS) - len(primitives.COMPOSED)
     implemented = [n for g in k["groups"].values() for n in g["implemented"]]
     fallback = [n for g in k["groups"].values() for n in g["fallback"]]
+    built = [n for g in k["groups"].values() for n in g["composed"]]
     assert set(implemented) == HOSTMEM_KERNELS
-    assert sorted(implemented + fallback) == sorted(every)
+    assert set(built) == primitives.COMPOSED
+    assert sorted(implemented + fallback + built) == sorted(every)
     for group, names in k["groups"].items():
-        for n in names["implemented"] + names["fallback"]:
+        for n in names["implemented"] + names["fallback"] + names["composed"]:
             assert primitives.group(n) == group
-    assert k["groups"]["memory"] == {"implemented": ["fill", "copy"], "fallback": ["cast"]}
+    assert k["groups"]["memory"] == {"implemented": ["fill", "copy"], "composed": [], "fallback": ["cast"]}
     assert "add" in k["groups"]["binary"]["implemented"]
     assert "matmul" in k["groups"]["linalg"]["fallback"]
 
@@ -101,7 +104,9 @@ def test_hostmem_coverage_text(hostmem_installed):
     assert "device hostmem:0: hostmem:0 (bytearray memory, test plugin)" in out
     section = out[out.index("hostmem: singa-plugin-hostmem"):]
     n = len(primitives.names())
-    assert f"kernels: 3/{n} implemented, {n - 3} through the host fallback" in section
+    c = len(primitives.COMPOSED)
+    assert f"kernels: 3/{n} implemented, {c} composed from its other kernels, {n - 3 - c} through the host fallback" \
+        in section
     lines = section.splitlines()
     memory = next(i for i, line in enumerate(lines) if line.split()[:1] == ["memory"])
     assert lines[memory].split()[1] == "2/3"

@@ -96,12 +96,78 @@ pytestmark = pytest.mark.usefixtures("evaluating")  # inference by default (conf
 # -- folding -------------------------------------------------------------------------------------------------------
 
 
+def residual_block(tail: str = "Relu"):
+    """x -> Conv -> Relu -> Conv -> Add(x) -> Relu (ResNet's basic block; `tail`: Add or Sum, with or without the
+    last Relu)."""
+    inits = [nh.from_array(arr(4, 4, 3, 3, scale=0.3), "W1"), nh.from_array(arr(4, scale=0.1), "B1"),
+             nh.from_array(arr(4, 4, 3, 3, scale=0.3), "W2")]
+    add = "Sum" if tail.startswith("Sum") else "Add"
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node(add, ["x", "c2"], ["s" if tail.endswith("Relu") else "y"])]
+    if tail.endswith("Relu"):
+        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
+    return make_model(nodes, [vi("x", ["N", 4, 6, 6])], [vi("y", ["N", 4, 6, 6])], inits)
+
+
+@pytest.mark.parametrize("tail", ["Relu", "SumRelu", "Add"])
+def test_conv_add_relu_run_as_fused_convolutions(dev, tail):
+    m = residual_block(tail)
+    x = arr(2, 4, 6, 6)
+    rep, runs, plain = both(m, dev, [x])
+    prog = rep.inference_plan().program
+    assert [n.op_type for n in prog.nodes] == ["FusedConv", "FusedConv"]
+    assert [n.attrs["activation"] for n in prog.nodes] == ["Relu", "Relu" if tail.endswith("Relu") else ""]
+    assert prog.nodes[1].inputs[3] == "x"  # the block's input is the residual
+    want = ort_run(m, {"x": x})[0]
+    for got in runs + [plain]:
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_convolution_read_twice_is_not_fused(dev):
+    inits = [nh.from_array(arr(4, 3, 3, 3, scale=0.3), "W")]
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["r", "c"], ["y"])]
+    m = make_model(nodes, [vi("x", [2, 3, 6, 6])], [vi("y", [2, 4, 6, 6])], inits)
+    x = arr(2, 3, 6, 6)
+    rep, runs, plain = both(m, dev, [x])
+    assert [n.op_type for n in rep.inference_plan().program.nodes] == ["Conv", "Relu", "Add"]
+    np.testing.assert_allclose(runs[-1][0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("activation", "params"), [("Relu", []), ("", []), ("LeakyRelu", [0.2]), ("Tanh", []),
+                                                    ("Sigmoid", []), ("Clip", [-0.5, 0.7]),
+                                                    ("HardSigmoid", [0.3, 0.4])])
+@pytest.mark.parametrize("with_z", [False, True], ids=["no-z", "z"])
+def test_onnxruntime_fused_conv_imports(dev, activation, params, with_z):
+    # com.microsoft FusedConv, as onnxruntime's optimiser saves it: Y = activation(Conv(X, W, B) + Z)
+    inits = [nh.from_array(arr(5, 3, 3, 3, scale=0.3), "W"), nh.from_array(arr(5, scale=0.1), "B")]
+    attrs = {"pads": [1, 0, 1, 2], "strides": [1, 2]}
+    if activation:
+        attrs["activation"] = activation
+    if params:
+        attrs["activation_params"] = params
+    node = helper.make_node("FusedConv", ["x", "W", "B"] + (["z"] if with_z else []), ["y"], domain="com.microsoft",
+                            **attrs)
+    g = helper.make_graph([node], "m", [vi("x", ["N", 3, 7, 7])] + ([vi("z", ["N", 5, 7, 4])] if with_z else []),
+                          [vi("y", ["N", 5, 7, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 9
+    feeds = {"x": arr(2, 3, 7, 7)} | ({"z": arr(2, 5, 7, 4)} if with_z else {})
+    want = ort_run(m, feeds)[0]
+    rep, runs, plain = both(m, dev, list(feeds.values()))
+    for got in runs + [plain]:
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
+
+
+
 def test_batchnorm_and_channel_affine_fold_into_convolutions(dev):
     m = conv_bn_affine()
     x = arr(2, 3, 8, 8)
     rep, runs, plain = both(m, dev, [x])
     prog = rep.inference_plan().program
-    assert [n.op_type for n in prog.nodes] == ["Conv", "Relu", "BatchNormalization", "Relu", "Conv"]
+    assert [n.op_type for n in prog.nodes] == ["FusedConv", "BatchNormalization", "Relu", "Conv"]
     want = ort_run(m, {"x": x})[0]
     for got in runs:
         np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)

@@ -119,6 +119,36 @@ def test_layer_shapes_match_float64_forward_and_gradients(layer, monkeypatch):
         assert onednn.OWN not in onednn.choices().values(), onednn.choices()
 
 
+@pytest.mark.parametrize("setting", ["1", "nchw", "0", "auto"])
+@pytest.mark.parametrize("layer", LAYERS[1:4] + LAYERS[6:], ids=["block", "down", "shortcut", "pointwise"])
+def test_fused_residual_and_relu_match_float64_on_every_provider(layer, setting, monkeypatch):
+    # conv2d_fused: oneDNN's sum and ReLU post-ops in the blocked layout, the add and relu kernels after oneDNN's NCHW
+    # kernels and after our own; also with the weights declared constant (their reordered copy kept)
+    from singa import backend, ops
+
+    monkeypatch.setenv(onednn.SETTING, setting)
+    n, c, h, k, kk, stride, pad, groups = layer
+    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
+    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    ref = conv_ref(x, w, b, stride, pad, groups)
+    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
+    backend.declare_constant([tw.buffer])
+    try:
+        for _ in range(2):  # the second call reuses the plan, and the kept weights
+            for residual, activation in ((tr, "relu"), (tr, "none"), (None, "relu")):
+                y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, residual=residual, activation=activation)
+                want = ref + (r if residual is not None else 0)
+                want = np.maximum(want, 0) if activation == "relu" else want
+                np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-4)
+    finally:
+        backend.release_constant([tw.buffer])
+    if X86_LINUX and setting in ("1", "nchw"):
+        fused = {v for key, v in onednn.choices().items() if key[0] == "conv2d_fused"}
+        assert fused == {onednn.BLOCKED if setting == "1" else onednn.PLAIN}, onednn.choices()
+
+
 def test_auto_decides_once_per_shape_and_keeps_the_result_right(monkeypatch):
     from singa_backend_cpu.table import kernels as K
 

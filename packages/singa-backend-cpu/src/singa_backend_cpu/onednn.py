@@ -93,6 +93,15 @@ dnnl_status_t dnnl_primitive_create(dnnl_primitive_t *primitive, const dnnl_prim
 dnnl_status_t dnnl_primitive_execute(const dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
                                      const dnnl_exec_arg_t *args);
 dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
+typedef struct dnnl_primitive_attr *dnnl_primitive_attr_t;
+typedef struct dnnl_post_ops *dnnl_post_ops_t;
+dnnl_status_t dnnl_primitive_attr_create(dnnl_primitive_attr_t *attr);
+dnnl_status_t dnnl_primitive_attr_destroy(dnnl_primitive_attr_t attr);
+dnnl_status_t dnnl_primitive_attr_set_post_ops(dnnl_primitive_attr_t attr, const struct dnnl_post_ops *post_ops);
+dnnl_status_t dnnl_post_ops_create(dnnl_post_ops_t *post_ops);
+dnnl_status_t dnnl_post_ops_destroy(dnnl_post_ops_t post_ops);
+dnnl_status_t dnnl_post_ops_append_sum(dnnl_post_ops_t post_ops, float scale, int32_t zero_point, int data_type);
+dnnl_status_t dnnl_post_ops_append_eltwise(dnnl_post_ops_t post_ops, int alg_kind, float alpha, float beta);
 dnnl_status_t dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 """
@@ -101,6 +110,7 @@ F32 = 3  # dnnl_f32
 TAG_ANY, TAG_A, TAG_ABCD, TAG_ABCDE = 1, 2, 5, 6
 FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
 CONVOLUTION_DIRECT = 1
+ELTWISE_RELU, DATA_TYPE_UNDEF = 0x20, 0
 ENGINE_CPU, STREAM_DEFAULT = 1, 1
 Q_IMPL_INFO = 8
 Q_SRC, Q_DIFF_SRC, Q_WEIGHTS, Q_DIFF_WEIGHTS, Q_DST, Q_DIFF_DST = 129, 130, 131, 132, 133, 134
@@ -109,6 +119,7 @@ ARG_DIFF_SRC, ARG_DIFF_DST, ARG_DIFF_WEIGHTS = 129, 145, 161
 _STATUS = {1: "out of memory", 2: "invalid arguments", 3: "unimplemented", 4: "iterator ends", 5: "runtime error",
            6: "not required", 7: "invalid graph", 8: "invalid graph op", 9: "invalid shape", 10: "invalid data type"}
 _ALIGN = 64
+NO_POST = (False, False)  # conv2d_fused's post-ops (residual, relu): none
 
 
 class OneDnnError(RuntimeError):
@@ -240,6 +251,7 @@ class _Plan:
         self.impl = ""
         # the reorder of the weights into oneDNN's layout (forward only): skipped for weights declared constant,
         # whose reordered copy is kept (see `run`)
+        self.tail = False  # conv2d_fused's post-ops left to the caller's tail() (set by _plan)
         self.weight_step = -1
         self.weight_temp = None
         self.weight_bytes = 0
@@ -259,6 +271,30 @@ class _Plan:
         out = ffi.new("dnnl_primitive_desc_t *")
         self.lib.check(create(out, *args), create.__name__, self.what)
         return ffi.gc(out[0], self.lib.lib.dnnl_primitive_desc_destroy)
+
+    def post_ops(self, post: tuple):
+        """Primitive attributes with oneDNN post-ops for `post` = (residual, relu): dst = relu(conv + dst), the
+        residual having been copied into dst first; NULL for none."""
+        ffi, lib = self.lib.ffi, self.lib.lib
+        residual, relu = post
+        if not (residual or relu):
+            return ffi.NULL
+        attr = ffi.new("dnnl_primitive_attr_t *")
+        self.lib.check(lib.dnnl_primitive_attr_create(attr), "dnnl_primitive_attr_create", self.what)
+        attr = ffi.gc(attr[0], lib.dnnl_primitive_attr_destroy)
+        ops_ = ffi.new("dnnl_post_ops_t *")
+        self.lib.check(lib.dnnl_post_ops_create(ops_), "dnnl_post_ops_create", self.what)
+        ops_ = ffi.gc(ops_[0], lib.dnnl_post_ops_destroy)
+        if residual:
+            self.lib.check(lib.dnnl_post_ops_append_sum(ops_, 1.0, 0, DATA_TYPE_UNDEF), "dnnl_post_ops_append_sum",
+                           self.what)
+        if relu:
+            self.lib.check(lib.dnnl_post_ops_append_eltwise(ops_, ELTWISE_RELU, 0.0, 0.0),
+                           "dnnl_post_ops_append_eltwise", self.what)
+        self.lib.check(lib.dnnl_primitive_attr_set_post_ops(attr, ops_), "dnnl_primitive_attr_set_post_ops",
+                       self.what)
+        self.keep.append(attr)
+        return attr
 
     def _memory(self, md, handle=None):
         ffi, lib = self.lib.ffi, self.lib.lib
@@ -394,7 +430,7 @@ def _conv_dims(g) -> dict[str, list]:
             "pad_l": [g.pt, g.pl], "pad_r": [g.pb, g.pr]}
 
 
-def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool):
+def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool, post: tuple = NO_POST):
     d, lib = _conv_dims(g), plan.lib
     ffi = lib.ffi
     wtag = TAG_ABCD if g.G == 1 else TAG_ABCDE
@@ -403,20 +439,21 @@ def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool):
     pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, FORWARD_TRAINING,
                  CONVOLUTION_DIRECT, plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), b_any,
                  plan.md(d["y"], act), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
-                 ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), ffi.NULL)
+                 ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), plan.post_ops(post))
     return pd, d, wtag, act
 
 
-def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
+def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST) -> _Plan:
     """A plan for convolution `kind`; `blocked`: activations in the layout oneDNN prefers (reordered from and to
-    NCHW around the operation), else read and written as NCHW where they are (oneDNN's GEMM-based kernels)."""
+    NCHW around the operation), else read and written as NCHW where they are (oneDNN's GEMM-based kernels);
+    `post` (conv2d_fused): (residual, relu), oneDNN's sum and ReLU post-ops."""
     lib = library()
     plan = _Plan(lib, f"{kind} of x {g.N}x{g.C}x{g.H}x{g.W}, w {g.K}x{g.Cg}x{g.kh}x{g.kw}, groups {g.G}")
-    fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked)
+    fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked, post)
     ffi, q = lib.ffi, lib.lib.dnnl_primitive_desc_query_md
     dims = [ffi.new("dnnl_dims_t", d[k]) for k in ("strides", "dilates", "pad_l", "pad_r")]
     after: list = []
-    if kind == "conv2d":
+    if kind in ("conv2d", "conv2d_fused"):
         pd = fwd
         x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
         steps = len(plan.steps)
@@ -428,8 +465,12 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool) -> _Plan:
         args = [(ARG_SRC, x), (ARG_WEIGHTS, w)]
         if bias:
             args.append((ARG_BIAS, plan.user_memory(plan.md([g.K], TAG_A))))
-        args.append((ARG_DST, plan.operand_out(plan.md(d["y"], TAG_ABCD), q(pd, Q_DST, 0), after)))
-        plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b)
+        y_md = plan.md(d["y"], TAG_ABCD)
+        dst = plan.operand_out(y_md, q(pd, Q_DST, 0), after)
+        args.append((ARG_DST, dst))
+        plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b, residual)
+        if post[0]:  # the sum post-op adds what dst holds: the residual, copied (reordered) there first
+            plan.reorder(plan.user_memory(y_md), y_md, dst, q(pd, Q_DST, 0))
     elif kind == "conv2d_backward_data":
         pd = plan.pd(lib.lib.dnnl_convolution_backward_data_primitive_desc_create, lib.engine, CONVOLUTION_DIRECT,
                      plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), plan.md(d["y"], act), *dims, fwd,
@@ -509,15 +550,18 @@ def _best_of(fn: Callable[[], None], runs: int = 2) -> float:
 
 
 def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], None],
-         weights: Any = None) -> None:
-    """Run convolution `kind` (conv2d, conv2d_backward_data, conv2d_backward_weight) on geometry `g`: through
-    oneDNN where it is installed, chosen and able, else `ours()`. `addresses` are the operands' data addresses in the
-    kernel's argument order (out first); `views` name them in errors; `weights`: conv2d's weight view, whose
-    reordered copy is kept while its buffer is declared constant."""
-    key = (kind, tuple(g.as_list()), len(addresses))
+         weights: Any = None, bias: bool = False, post: tuple = NO_POST, tail: Callable[[], None] | None = None
+         ) -> None:
+    """Run convolution `kind` (conv2d, conv2d_fused, conv2d_backward_data, conv2d_backward_weight) on geometry `g`:
+    through oneDNN where it is installed, chosen and able, else `ours()`. `addresses` are the operands' data
+    addresses in the kernel's argument order (out first); `views` name them in errors; `weights`: the forward's
+    weight view, whose reordered copy is kept while its buffer is declared constant; `bias`: the forward has one;
+    `post`: conv2d_fused's (residual, relu), run as oneDNN post-ops in the blocked layout and by `tail()` (the
+    backend's add and relu kernels) after oneDNN's NCHW kernels, whose post-ops are slow."""
+    key = (kind, tuple(g.as_list()), bias, post)
     provider = _choices.get(key)
     if provider is None:
-        provider, wrote = _decide(kind, g, key, addresses, ours)
+        provider, wrote = _decide(kind, g, key, addresses, ours, tail)
         if wrote:
             return  # the output is written, by the provider chosen
     if provider == OWN:
@@ -541,6 +585,8 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
         plan.run(addresses, _thread, constant)
     except (OneDnnError, MemoryError) as exc:
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
+    if plan.tail:
+        tail()
 
 
 def _kernels():
@@ -560,7 +606,9 @@ def _plan(kind: str, g, key: tuple, blocked: bool, threads: int) -> _Plan:
     pkey = (key, blocked, threads)
     plan = _thread.plans.get(pkey)
     if plan is None:
-        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2] == 4, blocked)
+        post = key[3] if blocked else NO_POST  # oneDNN's NCHW kernels with post-ops are slower than without
+        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2], blocked, post)
+        plan.tail = post != key[3]
     return plan
 
 
@@ -579,7 +627,8 @@ def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
     return found
 
 
-def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], None]) -> tuple[str, bool]:
+def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], None],
+            tail: Callable[[], None] | None) -> tuple[str, bool]:
     """(the provider of `key` from now on, whether this call's output is already written by it): with
     SINGA_ONEDNN=1 oneDNN in its preferred layout where it builds, with 0 our own kernel, else the fastest of two runs
     each, measured by the first thread to meet the shape while the others wait for its choice."""
@@ -593,7 +642,10 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
             order = (BLOCKED, PLAIN) if mode() == "1" else (PLAIN, BLOCKED)
             provider, wrote = next(p for p in order if p in plans), False
         else:
-            runs: dict[str, Callable[[], None]] = {n: (lambda p=p: p.run(addresses, _thread)) for n, p in plans.items()}
+            def runner(p: _Plan) -> Callable[[], None]:
+                return lambda: (p.run(addresses, _thread), tail() if p.tail else None)
+
+            runs: dict[str, Callable[[], None]] = {n: runner(p) for n, p in plans.items()}
             runs[OWN] = ours
             for run in runs.values():
                 run()  # a first run each: oneDNN finishes its just-in-time code, caches warm up
@@ -606,7 +658,7 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
             if BLOCKED in times and times[provider] > (1.0 - MARGIN) * times[BLOCKED]:
                 provider = BLOCKED
             if provider != OWN:
-                plans[provider].run(addresses, _thread)  # the output is the chosen provider's, as on later calls
+                runs[provider]()  # the output is the chosen provider's, as on later calls
             wrote = True
         _choices[key] = provider
         return provider, wrote
@@ -622,6 +674,6 @@ def reset() -> None:
 
 
 def choices() -> dict[tuple, str]:
-    """A copy of the choices made so far: {(kind, geometry, operands): "own", "onednn" or "onednn-nchw"}."""
+    """A copy of the choices made so far: {(kind, geometry, bias, post-ops): "own", "onednn" or "onednn-nchw"}."""
     with _choice_lock:
         return dict(_choices)

@@ -230,23 +230,45 @@ def _address(v) -> int:
 
 
 def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
-    views = (out, x, w, b)
-    if x.dtype not in FLOATS or w.dtype != x.dtype or out.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
-        raise _dtype_error("conv2d", views, FLOATS)
-    x, w, b = _contiguous(x), _contiguous(w), _contiguous(b)
-    g = _conv_geometry("conv2d", x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
+    _conv_forward("conv2d", out, x, w, b, None, "none", stride, padding, dilation, groups)
+
+
+def _conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                  activation="none") -> None:
+    kernel_checks.conv_fused_args("cpu", out, residual, activation)
+    _conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups)
+
+
+def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups) -> None:
+    """conv2d, and conv2d_fused: oneDNN adds the residual and applies ReLU as post-ops of the convolution (one pass
+    over the output); our own kernel runs them as the add and relu kernels after it."""
+    views = (out, x, w, b, residual)
+    if (x.dtype not in FLOATS or w.dtype != x.dtype or out.dtype != x.dtype
+            or any(v is not None and v.dtype != x.dtype for v in (b, residual))):
+        raise _dtype_error(name, views, FLOATS)
+    x, w, b, residual = _contiguous(x), _contiguous(w), _contiguous(b), _contiguous(residual)
+    g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
+    relu = activation == "relu"
+
+    def tail() -> None:
+        if residual is not None:
+            kernels["add"](out, out, residual)
+        if relu:
+            kernels["relu"](out, out)
 
     def ours() -> None:
         bh, bo = (b.buffer.handle, b.offset) if b is not None else (_NULL, 0)
         status = lib.sg_conv2d(x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset, bh, bo,
                                out.buffer.handle, out.offset, ffi.new("int64_t[]", g.as_list()))
-        _check(status, "conv2d", views)
+        _check(status, name, views)
+        tail()
 
     if x.dtype != F32 or out.strides != _layout(out.shape)[0]:
         ours()
         return
-    operands = (out, x, w) if b is None else (out, x, w, b)
-    onednn.conv("conv2d", g, views, [_address(v) for v in operands], ours, weights=w)
+    operands = [v for v in (out, x, w, b, residual) if v is not None]
+    onednn.conv(name, g, views, [_address(v) for v in operands], ours, weights=w, bias=b is not None,
+                post=(residual is not None, relu), tail=tail)
 
 
 def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:

@@ -410,21 +410,34 @@ class Device:
     # -- kernels --------------------------------------------------------------------------------------------------
     @property
     def table(self) -> dict[str, Callable]:
-        """The kernel table: the backend's kernels, with host fallbacks for the rest of the primitive set."""
+        """The kernel table: the backend's kernels; the composed primitives it lacks built from them
+        (singa.composed); host fallbacks for the rest of the primitive set."""
         if self._table is None:
-            from singa import fallback, primitives
+            from singa import composed, fallback, primitives
 
             table = {}
             for name in primitives.names():
                 fn = self.kernels.get(name)
-                table[name] = fn if fn is not None else fallback.make(self, name)
+                if fn is None and name not in primitives.COMPOSED:
+                    fn = fallback.make(self, name)
+                if fn is not None:
+                    table[name] = fn
+            for name in primitives.COMPOSED - table.keys():
+                table[name] = composed.BUILDERS[name](dict(table))
             self._table = table
         return self._table
 
     def missing_kernels(self) -> list[str]:
+        """The primitives that run through the host fallback here (the composed ones never do)."""
         from singa import primitives
 
-        return [n for n in primitives.names() if n not in self.kernels]
+        return [n for n in primitives.names() if n not in self.kernels and n not in primitives.COMPOSED]
+
+    def composed_kernels(self) -> list[str]:
+        """The primitives `Device.table` builds from this backend's other kernels (see singa.composed)."""
+        from singa import primitives
+
+        return [n for n in primitives.names() if n not in self.kernels and n in primitives.COMPOSED]
 
     # -- fused operators a backend may provide ----------------------------------------------------------------------
     def rnn_operator(self, spec: Any, seq_lengths: Any = None) -> Any:

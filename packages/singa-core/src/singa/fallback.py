@@ -172,6 +172,15 @@ def conv2d(out, x, w, b, stride, padding, dilation, groups):
     return {"out": y}
 
 
+def conv2d_fused(out, x, w, b, residual, stride, padding, dilation, groups, activation):
+    y = conv2d(out, x, w, b, stride, padding, dilation, groups)["out"]
+    if residual is not None:
+        y += residual.astype(y.dtype)
+    if activation == "relu":
+        y = np.where(y < 0, 0, y).astype(y.dtype)  # as the relu entry: NaN stays NaN
+    return {"out": y}
+
+
 def conv2d_backward_weight(dw, dy, x, stride, padding, dilation, groups):
     ct = np.float32 if x.dtype == np.float16 else x.dtype
     x, dy = x.astype(ct), dy.astype(ct)

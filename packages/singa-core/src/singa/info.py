@@ -35,14 +35,17 @@ def _dist_version(dist: str) -> str | None:
 
 
 def kernel_coverage(device) -> dict[str, Any]:
-    """Implemented and host-fallback primitive names of a device, grouped by `primitives.group`."""
+    """Implemented, composed (singa.composed) and host-fallback primitive names of a device, grouped by
+    `primitives.group`."""
     missing = set(device.missing_kernels())
+    built = set(device.composed_kernels())
     groups: dict[str, dict[str, list[str]]] = {}
     for name in primitives.names():
-        g = groups.setdefault(primitives.group(name), {"implemented": [], "fallback": []})
-        g["fallback" if name in missing else "implemented"].append(name)
+        g = groups.setdefault(primitives.group(name), {"implemented": [], "composed": [], "fallback": []})
+        g["fallback" if name in missing else "composed" if name in built else "implemented"].append(name)
     total = len(primitives.names())
-    return {"total": total, "implemented": total - len(missing), "fallback": len(missing), "groups": groups}
+    return {"total": total, "implemented": total - len(missing) - len(built), "composed": len(built),
+            "fallback": len(missing), "groups": groups}
 
 
 def _backend_report(name: str, backend, origin: str) -> dict[str, Any]:
@@ -197,11 +200,15 @@ def format_text(rep: dict[str, Any], verbose: bool = False) -> str:
         if k is None:
             add("    kernels: unknown (no device could be created)")
             continue
-        add(f"    kernels: {k['implemented']}/{k['total']} implemented, {k['fallback']} through the host fallback")
+        built = f", {k['composed']} composed from its other kernels" if k["composed"] else ""
+        add(f"    kernels: {k['implemented']}/{k['total']} implemented{built}, {k['fallback']} through the host "
+            "fallback")
         width = max(len(g) for g in k["groups"])
         for g, names in k["groups"].items():
-            n_impl, n_fb = len(names["implemented"]), len(names["fallback"])
-            line = f"      {g:<{width}}  {n_impl:>3}/{n_impl + n_fb:<3}"
+            n_impl, n_fb, n_built = len(names["implemented"]), len(names["fallback"]), len(names["composed"])
+            line = f"      {g:<{width}}  {n_impl:>3}/{n_impl + n_fb + n_built:<3}"
+            if n_built:
+                line += f"  composed: {', '.join(names['composed'])}"
             if n_fb:
                 line += f"  fallback: {n_fb}"
             add(line)

@@ -119,6 +119,26 @@ class PoolGeometry:
                 self.pb, self.pr, self.dh, self.dw]
 
 
+FUSED_ACTIVATIONS = ("none", "relu")
+
+
+def conv_fused_args(backend: str, out, residual, activation: str) -> None:
+    """conv2d_fused's own arguments: a known activation, and a residual of the output's shape and dtype whose
+    elements do not overlap the output's (both contiguous; the geometry is ConvGeometry's)."""
+    if activation not in FUSED_ACTIVATIONS:
+        raise ValueError(f"{backend} kernel conv2d_fused: activation {activation!r}, expected one of "
+                         f"{FUSED_ACTIVATIONS}")
+    if residual is None:
+        return
+    views = (out, residual)
+    if tuple(residual.shape) != tuple(out.shape) or residual.dtype != out.dtype:
+        raise shape_error(backend, "conv2d_fused", views, "the residual must have the output's shape and dtype")
+    if residual.buffer is out.buffer:  # views of one block (a graph's arena): their elements must not overlap
+        n = math.prod(out.shape)
+        if residual.offset < out.offset + n and out.offset < residual.offset + n:
+            raise shape_error(backend, "conv2d_fused", views, "the residual may not overlap the output")
+
+
 def pool_indices(backend: str, views: tuple, indices, out) -> None:
     """pool2d's optional indices output: int64 of the output's shape."""
     if indices is not None and (indices.dtype != dtypes.int64 or tuple(indices.shape) != tuple(out.shape)):

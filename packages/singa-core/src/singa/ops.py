@@ -1497,9 +1497,11 @@ def _float_pair(op: str, a: Tensor, b: Tensor) -> None:
 
 
 def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           groups: int = 1) -> Tensor:
+           groups: int = 1, *, residual: Tensor | None = None, activation: str = "none") -> Tensor:
     """2-D cross-correlation: x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) -> (N, K, OH, OW).
-    padding: int, (ph, pw) or (top, left, bottom, right)."""
+    padding: int, (ph, pw) or (top, left, bottom, right). `residual` (the output's shape) is added and `activation`
+    ('none' or 'relu') applied in the same call (the conv2d_fused kernel: one pass where the backend fuses them).
+    Not differentiable with a residual or an activation: autograd composes those steps itself."""
     op = "conv2d"
     _tensor(op, x, "x")
     _tensor(op, w, "w")
@@ -1512,8 +1514,19 @@ def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, paddi
             raise ValueError(f"conv2d: bias shape {b.shape} does not match the {w.shape[0]} kernels of weight "
                              f"{w.shape}")
         b = _contiguous_input(b)
-    return _run(op, "conv2d", x.dtype, oshape, x.device, (_contiguous_input(x), _contiguous_input(w), b), params,
-                None)
+    operands = (_contiguous_input(x), _contiguous_input(w), b)
+    if residual is None and activation == "none":
+        return _run(op, "conv2d", x.dtype, oshape, x.device, operands, params, None)
+    if activation not in ("none", "relu"):
+        raise ValueError(f"conv2d: activation {activation!r}, expected 'none' or 'relu'")
+    if residual is not None:
+        _tensor(op, residual, "residual")
+        _float_pair(op, x, residual)
+        if residual.shape != oshape:
+            raise ValueError(f"conv2d: residual shape {residual.shape} does not match the output {oshape}")
+        residual = _contiguous_input(residual)
+    return _run(op, "conv2d_fused", x.dtype, oshape, x.device, operands + (residual,),
+                {**params, "activation": activation}, None)
 
 
 def conv2d_backward_data(dy: Tensor, w: Tensor, x_shape: Sequence[int], stride: Any = 1, padding: Any = 0,

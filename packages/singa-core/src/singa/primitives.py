@@ -68,6 +68,11 @@ SPECIAL = [
     P("conv2d", ("out",), ("x", "w", "b?"), ("stride", "padding", "dilation", "groups"),
       "2-D cross-correlation. x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) or None, out (N, K, OH, OW). "
       "stride and dilation are (sh, sw); padding is (top, left, bottom, right) zeros.", "nn"),
+    P("conv2d_fused", ("out",), ("x", "w", "b?", "residual?"),
+      ("stride", "padding", "dilation", "groups", "activation"),
+      "out = act(conv2d(x, w, b) + residual): residual (N, K, OH, OW) or None, never overlapping out; activation "
+      "'relu' or 'none'. Optional (see COMPOSED): without it, the core runs conv2d, add and relu of the same "
+      "backend.", "nn"),
     P("conv2d_backward_data", ("dx",), ("dy", "w"), ("stride", "padding", "dilation", "groups"),
       "Gradient of conv2d with respect to x; dx has x's shape.", "nn"),
     P("conv2d_backward_weight", ("dw",), ("dy", "x"), ("stride", "padding", "dilation", "groups"),
@@ -128,6 +133,10 @@ SPECIAL = [
 ]
 
 SPECIAL_BY_NAME = {p.name: p for p in SPECIAL}
+
+# Primitives a backend may leave out without falling back to the host: `Device.table` builds them from the backend's
+# own kernels (singa.composed). A backend provides one where its library fuses the steps (oneDNN's post-ops).
+COMPOSED = frozenset({"conv2d_fused"})
 
 PHILOX_DOC = """Counter-based random numbers, identical on every backend.
 

@@ -65,7 +65,7 @@ class InferencePlan:
         inits = self.program.initializers
         buffers = {}
         for node in self.program.nodes:
-            if node.op_type != "Conv" or len(node.inputs) < 2 or node.inputs[1] not in inits:
+            if node.op_type not in ("Conv", "FusedConv") or len(node.inputs) < 2 or node.inputs[1] not in inits:
                 continue
             name = node.inputs[1]
             w = inits[name]

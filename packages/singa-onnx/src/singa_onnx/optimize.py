@@ -10,7 +10,9 @@
   weights multiplied in float32);
 * a per-channel constant Mul / Add after such a Conv (the scale-and-shift some exporters write after BatchNormalization)
   folds into its weights and bias the same way; after a BatchNormalization that is not folded, into its scale and
-  bias.
+  bias;
+* GELU spelled out (erf or tanh form) becomes one Gelu node, and a Conv followed by a Relu, a residual Add, or both,
+  one FusedConv node (see _fuse_gelu and _fuse_conv).
 
 Only float32 weights are rewritten. The rewrites use the parameter values given (the tensors of `SingaRep.tensor_map`),
 so the folded program is valid only while they stay as they are: SingaRep builds it when the parameters are frozen
@@ -58,7 +60,7 @@ def fold(program: Program, device: Device, params: dict[str, Tensor]) -> Program
     f = _Folder(program, nodes, values)
     f.run()
     out = copy.copy(program)
-    out.nodes = _fuse_gelu(f.nodes, values, program.outputs)
+    out.nodes = _fuse_conv(_fuse_gelu(f.nodes, values, program.outputs), values, program.outputs)
     used = set(program.outputs)
     for node in f.nodes:
         used.update(node.uses)
@@ -437,6 +439,74 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         if gelu.entry is None:
             continue
         replaced[id(last)] = gelu
+        dropped.update(id(n) for n in group if n is not last)
+    if not replaced:
+        return nodes
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+# -- Conv + residual Add + Relu, as one FusedConv node -----------------------------------------------------------
+
+def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
+    """Replace a 2-D float Conv whose output only a Relu reads, or only an Add (or two-input Sum) reads whose output
+    only a Relu reads (ResNet's residual), or only such an Add, with one FusedConv node (onnxruntime's com.microsoft
+    operator: Relu(Conv(X, W, B) + Z)), placed where the last replaced node was. It runs as one conv2d_fused kernel
+    (oneDNN's sum and ReLU post-ops on the CPU); where Z's shape turns out not to be the convolution's, it runs as
+    the separate steps."""
+    uses: dict[str, list[OnnxNode]] = {}
+    for node in nodes:
+        for n in node.uses:
+            uses.setdefault(n, []).append(node)
+    kept = set(outputs)
+
+    def sole(name: str, ops_: tuple) -> OnnxNode | None:
+        readers = uses.get(name, [])
+        if len(readers) != 1 or name in kept or readers[0].op_type not in ops_ or readers[0].domain:
+            return None
+        return readers[0]
+
+    entry = lookup("com.microsoft", "FusedConv", 1)
+    replaced: dict[int, OnnxNode] = {}
+    dropped: set[int] = set()
+    for conv in nodes:
+        if conv.op_type != "Conv" or conv.domain or len(conv.inputs) < 2 or conv.in_types[0] != _FLOAT:
+            continue
+        w = values.get(conv.inputs[1])
+        if not isinstance(w, (Tensor, np.ndarray)) or len(w.shape) != 4:  # 2-D convolutions, constant weights
+            continue
+        y = conv.outputs[0]
+        nxt = sole(y, ("Relu", "Add", "Sum"))
+        if nxt is None:
+            continue
+        group, z = [conv], None
+        if nxt.op_type in ("Add", "Sum"):
+            if len(nxt.inputs) != 2 or nxt.inputs[0] == nxt.inputs[1]:
+                continue
+            z = nxt.inputs[1] if nxt.inputs[0] == y else nxt.inputs[0]
+            if z in values:  # a constant: a bias the folder left (not per channel), broadcast, not a residual
+                continue
+            group.append(nxt)
+            relu = sole(nxt.outputs[0], ("Relu",))
+            if relu is not None:
+                group.append(relu)
+        else:
+            group.append(nxt)
+        if any(id(n) in dropped or id(n) in replaced for n in group):
+            continue
+        last = group[-1]
+        fused = copy.copy(conv)
+        fused.op_type, fused.domain, fused.opset = "FusedConv", "com.microsoft", 1
+        fused.name = f"{conv.name}/fused"
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        fused.inputs = [conv.inputs[0], conv.inputs[1], bias] + ([z] if z is not None else [])
+        fused.uses = [n for n in fused.inputs if n]
+        z_type = [nxt.in_types[nxt.inputs.index(z)]] if z is not None else []
+        fused.in_types = (list(conv.in_types) + [None] * 3)[:3] + z_type
+        fused.outputs, fused.out_types = list(last.outputs), list(last.out_types)
+        fused.attrs = OnnxAttributes(conv.attrs)
+        fused.attrs["activation"] = "Relu" if last.op_type == "Relu" else ""
+        fused.entry, fused.function, fused.scratch = entry, None, {}
+        replaced[id(last)] = fused
         dropped.update(id(n) for n in group if n is not last)
     if not replaced:
         return nodes

@@ -135,6 +135,44 @@ def conv(node, inputs, opset):
     return conv_nd(x, w, b, strides, pads, dils, group)
 
 
+# com.microsoft FusedConv (onnxruntime's contrib operator, which singa_onnx's inference optimiser writes too):
+# Y = activation(Conv(X, W, B) + Z), Z optional, activation_params as onnxruntime reads them
+_MS = "com.microsoft"
+_ACTIVATIONS = {
+    "Relu": lambda y, p: autograd.relu(y),
+    "Tanh": lambda y, p: autograd.tanh(y),
+    "Sigmoid": lambda y, p: autograd.sigmoid(y),
+    "LeakyRelu": lambda y, p: autograd.leakyrelu(y, p[0] if p else 0.01),
+    "Clip": lambda y, p: autograd.clip(y, p[0] if p else None, p[1] if len(p) > 1 else None),
+    "HardSigmoid": lambda y, p: autograd.hardsigmoid(y, p[0] if p else 0.2, p[1] if len(p) > 1 else 0.5),
+}
+
+
+@register("FusedConv", domain=_MS)
+def fused_conv(node, inputs, opset):
+    activation = node.attr("activation", "") or ""
+    if activation and activation not in _ACTIVATIONS:
+        raise ValueError(f"FusedConv: activation {activation!r}, expected one of {sorted(_ACTIVATIONS)}")
+    z = tensor(node, inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+    x, w, b = (list(inputs_as_tensors(node, inputs[:3])) + [None])[:3]
+    kernel, strides, dils = _conv_attrs(node, x.shape, w.shape)
+    pads = spatial_pads(node, x.shape[2:], kernel, strides, dils)
+    if b is not None and b.shape != (w.shape[0],):
+        b = autograd.reshape(b, [w.shape[0]])
+    group = node.attr("group", 1)
+    if not autograd.training and len(x.shape) == 4 and activation in ("", "Relu") and x.dtype in FLOATS:
+        spatial = tuple((x.shape[2 + i] + pads[i] + pads[2 + i] - dils[i] * (w.shape[2 + i] - 1) - 1) // strides[i] + 1
+                        for i in range(2))
+        if z is None or (tuple(z.shape) == (x.shape[0], w.shape[0]) + spatial and z.dtype == x.dtype):
+            # one kernel (conv2d_fused) where nothing is trained
+            return ops.conv2d(x, w, b, tuple(strides), tuple(pads), tuple(dils), group, residual=z,
+                              activation="relu" if activation else "none")
+    y = conv_nd(x, w, b, strides, pads, dils, group)
+    if z is not None:
+        y = autograd.add(y, z)
+    return _ACTIVATIONS[activation](y, list(node.attr("activation_params") or [])) if activation else y
+
+
 class _ConvTranspose2d(autograd.Operator):
     """The adjoint of conv2d in its input, with zero padding: out (N, C_out, s*(H-1)+d*(k-1)+1, ...).
 

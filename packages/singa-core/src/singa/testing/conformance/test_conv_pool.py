@@ -24,7 +24,7 @@ from singa.testing.conformance.references import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 
-COVERS = {"conv2d", "conv2d_backward_data", "conv2d_backward_weight", "pool2d", "pool2d_backward"}
+COVERS = {"conv2d", "conv2d_fused", "conv2d_backward_data", "conv2d_backward_weight", "pool2d", "pool2d_backward"}
 
 F32 = dtypes.float32
 
@@ -92,6 +92,44 @@ def test_conv2d(device, case, dtype):
     scale = conv_ref(np.abs(x), np.abs(w), None if b is None else np.abs(b), oh, ow, **params)
     got = _conv(device, x, w, b, oh, ow, params, dtype, offset=True)
     H.assert_close(got, want, dtype, scale=scale, what=f"conv2d {_conv_id(case)}")
+
+
+@pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
+@pytest.mark.parametrize("post", [("residual", "relu"), ("residual", "none"), (None, "relu"), (None, "none")],
+                         ids=lambda p: f"{p[0] or 'no-residual'}-{p[1]}")
+@pytest.mark.parametrize("case", CONV_CASES + DEPTHWISE_CASES[:3], ids=_conv_id)
+def test_conv2d_fused(device, case, post, dtype):
+    # relu(conv2d + residual), built by the core from conv2d, add and relu where the backend does not fuse them
+    H.require(device, dtype)
+    gen = H.rng("conv_fused", case, post, dtype)
+    x, w, b, oh, ow, params = _conv_setup(case, dtype, gen)
+    shape = (x.shape[0], w.shape[0], oh, ow)
+    r = H.draw(gen, shape, dtype, -3, 3) if post[0] else None
+    want = conv_ref(x, w, b, oh, ow, **params) + (0 if r is None else r.astype(np.float64))
+    scale = conv_ref(np.abs(x), np.abs(w), None if b is None else np.abs(b), oh, ow, **params)
+    scale = scale + (0 if r is None else np.abs(r.astype(np.float64)))
+    if post[1] == "relu":
+        want = np.maximum(want, 0)
+    out = H.empty(device, shape, dtype)
+    device.table["conv2d_fused"](out, H.upload(device, x, offset=3), H.unit_axis_strides(device, w),
+                                 None if b is None else H.upload(device, b),
+                                 None if r is None else H.upload(device, r, offset=2), activation=post[1], **params)
+    H.assert_close(H.download(device, out), want, dtype, scale=scale, what=f"conv2d_fused {_conv_id(case)} {post}")
+
+
+def test_conv2d_fused_refuses_what_it_cannot_do(device):
+    gen = H.rng("conv_fused_errors")
+    x, w, b, oh, ow, params = _conv_setup(CONV_CASES[0], F32, gen)
+    shape = (x.shape[0], w.shape[0], oh, ow)
+    out = H.empty(device, shape, F32)
+    xv, wv = H.upload(device, x), H.upload(device, w)
+    with pytest.raises(ValueError, match="activation"):
+        device.table["conv2d_fused"](out, xv, wv, None, None, activation="gelu", **params)
+    with pytest.raises(ValueError, match="residual"):  # another shape
+        device.table["conv2d_fused"](out, xv, wv, None, H.upload(device, np.zeros((1,) + shape[1:], np.float32)),
+                                     activation="relu", **params)
+    with pytest.raises(ValueError, match="overlap"):  # the output itself
+        device.table["conv2d_fused"](out, xv, wv, None, out, activation="relu", **params)
 
 
 @pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
