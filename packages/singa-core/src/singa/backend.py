@@ -415,16 +415,16 @@ class Device:
         if self._table is None:
             from singa import composed, fallback, primitives
 
-            table = {}
+            own = {}
             for name in primitives.names():
                 fn = self.kernels.get(name)
                 if fn is None and name not in primitives.COMPOSED:
                     fn = fallback.make(self, name)
                 if fn is not None:
-                    table[name] = fn
-            for name in primitives.COMPOSED - table.keys():
-                table[name] = composed.BUILDERS[name](dict(table))
-            self._table = table
+                    own[name] = fn
+            # in primitives.names() order, the composed ones built from the others (plain functions: see composed)
+            self._table = {name: own[name] if name in own else composed.BUILDERS[name](own)
+                           for name in primitives.names()}
         return self._table
 
     def missing_kernels(self) -> list[str]:
