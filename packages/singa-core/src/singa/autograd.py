@@ -2191,7 +2191,7 @@ class SoftMaxCrossEntropy(_Loss):
         x, t = self.saved
         n = x.shape[0]
         g = ops.mul(ops.broadcast_to(_scalar_grad(dy, x), (n,)), 1.0 / n)
-        return ops.softmax_cross_entropy_backward(g, x, t)
+        return ops.softmax_cross_entropy_backward(g, x, t, labels_checked=True)  # the forward checked t
 
 
 def softmax_cross_entropy(x: Tensor, t: Any) -> Tensor:

@@ -1815,7 +1815,7 @@ def check_labels(op: str, labels: Tensor, classes: int) -> None:
     _graph.host_check(f"{op}:check_labels", check, labels)
 
 
-def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
+def _xent_check(op: str, x: Tensor, target: Tensor, labels: bool = True) -> Tensor:
     _tensor(op, x, "x")
     _tensor(op, target, "target")
     _supported(op, x.dtype, _FLOATS)
@@ -1828,7 +1828,8 @@ def _xent_check(op: str, x: Tensor, target: Tensor) -> Tensor:
             target = reshape(target, (N,))
         if target.shape != (N,):
             raise ValueError(f"{op}: label target shape {target.shape} does not match x {x.shape} (expected ({N},))")
-        check_labels(op, target, C)
+        if labels:
+            check_labels(op, target, C)
     else:
         _same_dtype(op, x, target)
         if target.shape != (N, C):
@@ -1844,10 +1845,12 @@ def softmax_cross_entropy(x: Tensor, target: Tensor) -> Tensor:
     return _run(op, op, x.dtype, (x.shape[0],), x.device, (_contiguous_input(x), target), _NOPARAMS, None)
 
 
-def softmax_cross_entropy_backward(dloss: Any, x: Tensor, target: Tensor) -> Tensor:
-    """dx = (softmax(x) - t) * dloss[:, None]; dloss is (N,) or a number."""
+def softmax_cross_entropy_backward(dloss: Any, x: Tensor, target: Tensor, *, labels_checked: bool = False) -> Tensor:
+    """dx = (softmax(x) - t) * dloss[:, None]; dloss is (N,) or a number. `labels_checked`: the caller's forward
+    checked these very labels (check_labels), unchanged since; autograd's loss passes it, which saves a host read of
+    the labels per step."""
     op = "softmax_cross_entropy_backward"
-    target = _xent_check(op, x, target)
+    target = _xent_check(op, x, target, labels=not labels_checked)
     N = x.shape[0]
     if isinstance(dloss, SCALAR_TYPES):
         dloss = fill(_empty((N,), x.dtype, x.device), dloss)

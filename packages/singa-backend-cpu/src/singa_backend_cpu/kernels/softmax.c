@@ -70,8 +70,17 @@ static int64_t label_of(int tdtype, const char *t, int64_t n, int64_t C, int64_t
     return v;
 }
 
-/* log-sum-exp of a row, in double */
+/* log-sum-exp of a row, in double (float32 rows exponentiate with the vectorisable sg_vexpf, summed in double) */
 static double row_lse(const char *x, int dtype, int64_t C) {
+    if (dtype == SG_F32) {
+        const float *p = (const float *)x;
+        float mf = -INFINITY;
+        for (int64_t c = 0; c < C; c++) mf = p[c] > mf ? p[c] : mf;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; c++) s += (double)sg_vexpf(p[c] - mf);
+        return (double)mf + log(s);
+    }
     double m = -INFINITY;
     for (int64_t c = 0; c < C; c++) {
         const double v = sg_ldf(x, dtype, c);
@@ -149,6 +158,14 @@ int sg_softmax_cross_entropy_backward(int dtype, const char *dloss, int64_t dlo,
         } else {
             st = 0.0;
             for (int64_t c = 0; c < C; c++) st += sg_ldf(t, tdtype, n * C + c);
+        }
+        if (dtype == SG_F32 && labels) { /* the common case: float32 logits, class labels */
+            const float *xr = (const float *)row;
+            float *dr = (float *)dx + n * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) dr[c] = (float)((double)sg_vexpf((float)(xr[c] - lse)) * g);
+            dr[label] = (float)(expm1((double)xr[label] - lse) * g); /* p - 1 without cancellation near p = 1 */
+            continue;
         }
         for (int64_t c = 0; c < C; c++) {
             const double p = exp(sg_ldf(row, dtype, c) - lse);
