@@ -550,18 +550,6 @@ def _gelu_model(form: str, erf_is_output: bool = False):
     return make_model(nodes, [vi("x", ["N", 8])], outs, [nh.from_array(arr(8, 16), "W")])
 
 
-@pytest.mark.parametrize("form", ["div", "mul", "half-first"])
-def test_gelu_spelled_out_runs_as_one_node(dev, form):
-    m = _gelu_model(form)
-    rep = sonnx.prepare(m, dev)
-    x = arr(5, 8, scale=2.0)
-    want = ort_run(m, {"x": x})[0]
-    for _ in range(3):
-        np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-5, atol=1e-6)
-    kinds = [n.op_type for n in rep.inference_plan().program.nodes]
-    assert kinds == ["MatMul", "Gelu"], kinds
-
-
 def _gelu_tanh_model(form: str, cube_is_output: bool = False):
     """x -> MatMul -> tanh-GELU as PyTorch ('torch': x * (x * x), (h * (1 + t)) * 0.5) or Hugging Face's gelu_new
     ('pow': Pow(x, 3), (0.5 * h) * (1 + t)) export it -> y."""
@@ -583,9 +571,16 @@ def _gelu_tanh_model(form: str, cube_is_output: bool = False):
     return make_model(nodes, [vi("x", ["N", 8])], outs, [nh.from_array(arr(8, 16), "W")])
 
 
-@pytest.mark.parametrize("form", ["torch", "pow"])
-def test_gelu_tanh_spelled_out_runs_as_one_node(dev, form):
-    m = _gelu_tanh_model(form)
+GELU_FORMS = [("erf", "div"), ("erf", "mul"), ("erf", "half-first"), ("tanh", "torch"), ("tanh", "pow")]
+
+
+def _gelu_any(kind: str, form: str, part_is_output: bool = False):
+    return _gelu_model(form, part_is_output) if kind == "erf" else _gelu_tanh_model(form, part_is_output)
+
+
+@pytest.mark.parametrize(("kind", "form"), GELU_FORMS, ids=[f"{k}-{f}" for k, f in GELU_FORMS])
+def test_gelu_spelled_out_runs_as_one_node(dev, kind, form):
+    m = _gelu_any(kind, form)
     rep = sonnx.prepare(m, dev)
     x = arr(5, 8, scale=2.0)
     want = ort_run(m, {"x": x})[0]
@@ -593,27 +588,18 @@ def test_gelu_tanh_spelled_out_runs_as_one_node(dev, form):
         np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-5, atol=1e-6)
     plan = rep.inference_plan().program.nodes
     assert [n.op_type for n in plan] == ["MatMul", "Gelu"], [n.op_type for n in plan]
-    assert plan[1].attrs.get("approximate") == "tanh"
+    assert plan[1].attrs.get("approximate") == ("none" if kind == "erf" else "tanh")
 
 
-def test_gelu_tanh_whose_cube_is_read_elsewhere_is_left_as_it_is(dev):
-    m = _gelu_tanh_model("torch", cube_is_output=True)
+@pytest.mark.parametrize("kind", ["erf", "tanh"])
+def test_gelu_whose_parts_are_read_elsewhere_is_left_as_it_is(dev, kind):
+    m = _gelu_any(kind, "div" if kind == "erf" else "torch", part_is_output=True)
     rep = sonnx.prepare(m, dev)
     x = arr(5, 8, scale=2.0)
     want = ort_run(m, {"x": x})
     for _ in range(3):
         for g, w in zip(rep.run([x]), want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    assert "Tanh" in [n.op_type for n in rep.inference_plan().program.nodes]
+    assert ("Erf" if kind == "erf" else "Tanh") in [n.op_type for n in rep.inference_plan().program.nodes]
 
 
-def test_gelu_whose_parts_are_read_elsewhere_is_left_as_it_is(dev):
-    m = _gelu_model("div", erf_is_output=True)
-    rep = sonnx.prepare(m, dev)
-    x = arr(5, 8, scale=2.0)
-    want = ort_run(m, {"x": x})
-    for _ in range(3):
-        got = rep.run([x])
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    assert "Erf" in [n.op_type for n in rep.inference_plan().program.nodes]

@@ -16,6 +16,7 @@ from singa import kernel_checks
 
 
 def conv2d_fused(table: dict[str, Callable]) -> Callable:
+    """relu(conv2d(x, w, b) + residual) as the backend's conv2d, then add and relu in place on the output."""
     conv, add, relu = table["conv2d"], table["add"], table["relu"]
 
     def kernel(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
