@@ -183,10 +183,12 @@ def run(quick: bool = False) -> Table:
         table.notes.append("The transformer exports need torch (not installed): not measured.")
     table.notes.append(
         "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
-        "weights kept while the inference plan lives; matrix products (fully connected layers, attention) run on "
-        "oneDNN's sgemm; depthwise convolutions have their own direct kernels. In the transformers, erf-GELU is one "
-        "node and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own Add, "
-        "GPT-2's tanh-GELU nine kernels), and a replayed run still costs Python per kernel call.")
+        "weights kept while the inference plan lives, a following Relu and residual Add fused into them "
+        "(FusedConv: oneDNN's post-ops in its blocked layout); the activations are still reordered between NCHW and "
+        "that layout around every convolution. Matrix products (fully connected layers, attention) run on oneDNN's "
+        "sgemm; depthwise convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "
+        "is one kernel and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own "
+        "Add), and a replayed run still costs Python per kernel call.")
     table.notes.append(benchlib.openmp_note())
     return table
 
