@@ -249,9 +249,9 @@ class _Plan:
         self.arena_bytes = 0
         self.steps: list[tuple[Any, Any, int]] = []
         self.impl = ""
+        self.tail = False  # conv2d_fused's post-ops left to the caller's tail() (set by _plan)
         # the reorder of the weights into oneDNN's layout (forward only): skipped for weights declared constant,
         # whose reordered copy is kept (see `run`)
-        self.tail = False  # conv2d_fused's post-ops left to the caller's tail() (set by _plan)
         self.weight_step = -1
         self.weight_temp = None
         self.weight_bytes = 0

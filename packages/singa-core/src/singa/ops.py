@@ -36,6 +36,7 @@ from singa import dtypes as _dt
 from singa import graph as _graph
 from singa.backend import Device, View
 from singa.expressions import TABLE as _TABLE
+from singa.kernel_checks import FUSED_ACTIVATIONS as _FUSED_ACTIVATIONS
 from singa.tensor import Tensor
 
 float32, float16, int32, int64, bool_ = _dt.float32, _dt.float16, _dt.int32, _dt.int64, _dt.bool_
@@ -1517,8 +1518,8 @@ def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, paddi
     operands = (_contiguous_input(x), _contiguous_input(w), b)
     if residual is None and activation == "none":
         return _run(op, "conv2d", x.dtype, oshape, x.device, operands, params, None)
-    if activation not in ("none", "relu"):
-        raise ValueError(f"conv2d: activation {activation!r}, expected 'none' or 'relu'")
+    if activation not in _FUSED_ACTIVATIONS:
+        raise ValueError(f"conv2d: activation {activation!r}, expected one of {_FUSED_ACTIVATIONS}")
     if residual is not None:
         _tensor(op, residual, "residual")
         _float_pair(op, x, residual)

@@ -300,6 +300,39 @@ def _scalar(v: Any) -> float | None:
     return float(a.reshape(-1)[0])
 
 
+class _Dataflow:
+    """Who computes and who reads each value of a node list, for the fusions below."""
+
+    def __init__(self, nodes: list[OnnxNode], outputs: list[str]):
+        self.uses: dict[str, list[OnnxNode]] = {}
+        self.producer: dict[str, OnnxNode] = {}
+        for node in nodes:
+            for n in node.uses:
+                self.uses.setdefault(n, []).append(node)
+            for o in node.outputs:
+                if o:
+                    self.producer[o] = node
+        self.kept = set(outputs)
+
+    def private(self, name: str) -> bool:
+        """`name` is read by one node and is not a graph output."""
+        return len(self.uses.get(name, [])) == 1 and name not in self.kept
+
+    def sole(self, name: str, ops: tuple) -> OnnxNode | None:
+        """The one node reading `name` when it is one of the default domain's `ops` and `name` is private."""
+        if not self.private(name):
+            return None
+        reader = self.uses[name][0]
+        return reader if reader.op_type in ops and not reader.domain else None
+
+
+def _splice(nodes: list[OnnxNode], replaced: dict[int, OnnxNode], dropped: set[int]) -> list[OnnxNode]:
+    """`nodes` with each replaced node swapped for its fused node and the dropped ones left out."""
+    if not replaced:
+        return nodes
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
 def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
     """Replace GELU spelled out as exporters write it with one Gelu node: one kernel instead of five (erf) or nine
     (tanh), and no temporaries. Forms: x * 0.5 * (1 + erf(x / sqrt(2))) (Div or Mul by the constant), and
@@ -307,25 +340,8 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
     gelu(approximate='tanh'), GPT-2's gelu_new); the last two products in either order, operands in either order.
     Every intermediate must be read by the pattern alone and not be a graph output. The float32 result differs from
     the rounded steps by a few ulp."""
-    uses: dict[str, list[OnnxNode]] = {}
-    producer: dict[str, OnnxNode] = {}
-    for node in nodes:
-        for n in node.uses:
-            uses.setdefault(n, []).append(node)
-        for o in node.outputs:
-            if o:
-                producer[o] = node
-    kept = set(outputs)
-
-    def private(name: str) -> bool:
-        return len(uses.get(name, [])) == 1 and name not in kept
-
-    def sole(name: str, op: str) -> OnnxNode | None:
-        """The one node reading `name` when it is an `op` and `name` is not a graph output."""
-        readers = uses.get(name, [])
-        if not private(name) or readers[0].op_type != op:
-            return None
-        return readers[0]
+    flow = _Dataflow(nodes, outputs)
+    producer, private = flow.producer, flow.private
 
     def made(name: str | None, op: str) -> OnnxNode | None:
         """The `op` node computing `name` when `name` is read once and not a graph output."""
@@ -404,16 +420,16 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         if found is None:
             continue
         x, group = found
-        plus = sole(core.outputs[0], "Add")
+        plus = flow.sole(core.outputs[0], ("Add",))
         if plus is None or not near(other(plus, core.outputs[0]), 1.0):
             continue
-        times = sole(plus.outputs[0], "Mul")
+        times = flow.sole(plus.outputs[0], ("Mul",))
         if times is None:
             continue
         partner = other(times, plus.outputs[0])
         group += [core, plus, times]
         if partner == x:  # (x * (1 + f)) * 0.5
-            half = sole(times.outputs[0], "Mul")
+            half = flow.sole(times.outputs[0], ("Mul",))
             if half is None or not near(other(half, times.outputs[0]), 0.5):
                 continue
             group.append(half)
@@ -440,9 +456,7 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
             continue
         replaced[id(last)] = gelu
         dropped.update(id(n) for n in group if n is not last)
-    if not replaced:
-        return nodes
-    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+    return _splice(nodes, replaced, dropped)
 
 
 # -- Conv + residual Add + Relu, as one FusedConv node -----------------------------------------------------------
@@ -453,18 +467,7 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
     operator: Relu(Conv(X, W, B) + Z)), placed where the last replaced node was. It runs as one conv2d_fused kernel
     (oneDNN's sum and ReLU post-ops on the CPU); where Z's shape turns out not to be the convolution's, it runs as
     the separate steps."""
-    uses: dict[str, list[OnnxNode]] = {}
-    for node in nodes:
-        for n in node.uses:
-            uses.setdefault(n, []).append(node)
-    kept = set(outputs)
-
-    def sole(name: str, ops_: tuple) -> OnnxNode | None:
-        readers = uses.get(name, [])
-        if len(readers) != 1 or name in kept or readers[0].op_type not in ops_ or readers[0].domain:
-            return None
-        return readers[0]
-
+    flow = _Dataflow(nodes, outputs)
     entry = lookup("com.microsoft", "FusedConv", 1)
     replaced: dict[int, OnnxNode] = {}
     dropped: set[int] = set()
@@ -475,7 +478,7 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         if not isinstance(w, (Tensor, np.ndarray)) or len(w.shape) != 4:  # 2-D convolutions, constant weights
             continue
         y = conv.outputs[0]
-        nxt = sole(y, ("Relu", "Add", "Sum"))
+        nxt = flow.sole(y, ("Relu", "Add", "Sum"))
         if nxt is None:
             continue
         group, z = [conv], None
@@ -486,7 +489,7 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
             if z in values:  # a constant: a bias the folder left (not per channel), broadcast, not a residual
                 continue
             group.append(nxt)
-            relu = sole(nxt.outputs[0], ("Relu",))
+            relu = flow.sole(nxt.outputs[0], ("Relu",))
             if relu is not None:
                 group.append(relu)
         else:
@@ -508,6 +511,4 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         fused.entry, fused.function, fused.scratch = entry, None, {}
         replaced[id(last)] = fused
         dropped.update(id(n) for n in group if n is not last)
-    if not replaced:
-        return nodes
-    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+    return _splice(nodes, replaced, dropped)
