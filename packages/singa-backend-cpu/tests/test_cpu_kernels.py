@@ -818,6 +818,79 @@ def test_pool2d_forward_and_backward(case, dt):
         close(get(dx), dx_ref.reshape(x.shape), dt)
 
 
+# The forward's paths (pool_real.h): phase copies for large planes taken a few rows at a time, for small planes several
+# at a time, and with strides 1 to 3, dilation and padding; the row and column runs for windows that do not overlap; the
+# window-by-window groups for windows nearly as large as the plane.
+POOL_PATH_CASES = [
+    # N, C, H, W, kernel, stride, padding, dilation
+    (1, 3, 111, 111, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # SqueezeNet's first pool: rows in several units
+    (1, 2, 112, 112, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet's stem
+    (2, 5, 28, 28, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # Inception: several planes a unit
+    (1, 4, 13, 17, (3, 2), (3, 2), (2, 1, 0, 1), (2, 1)),  # stride 3, dilation, asymmetric padding
+    (1, 3, 9, 8, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # windows that do not overlap
+    (1, 3, 7, 7, (7, 7), (1, 1), (0, 0, 0, 0), (1, 1)),  # one window a plane
+    (1, 2, 300, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # tall and narrow
+]
+
+
+def _scan_max_ref(x, kernel, stride, pad, dil, oh, ow):
+    """Max pooling by the contract's scan rule: taps in row-major order, the first maximum wins, a NaN beats
+    everything and the first NaN stays; index -1 and value 0 for a window with nothing inside."""
+    n, c, h, w = x.shape
+    y = np.zeros((n, c, oh, ow), x.dtype)
+    idx = np.full((n, c, oh, ow), -1, np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            taps = [(r, q) for r in (i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0]))
+                    for q in (j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])) if 0 <= r < h and 0 <= q < w]
+            for nn in range(n):
+                for cc in range(c):
+                    best, at = None, -1
+                    for r, q in taps:
+                        v = x[nn, cc, r, q]
+                        if best is None or (not np.isnan(best) and (v > best or np.isnan(v))):
+                            best, at = v, r * w + q
+                    if at >= 0:
+                        y[nn, cc, i, j], idx[nn, cc, i, j] = best, at
+    return y, idx
+
+
+@pytest.mark.parametrize("case", POOL_PATH_CASES, ids=[str(i) for i in range(len(POOL_PATH_CASES))])
+@pytest.mark.parametrize("dt", FLOAT_NP)
+def test_pool2d_paths_follow_the_scan_rule(case, dt):
+    n, c, h, w, kernel, stride, pad, dil = case
+    oh = _pool_out(h, kernel[0], stride[0], pad[0], pad[2], dil[0], False)
+    ow = _pool_out(w, kernel[1], stride[1], pad[1], pad[3], dil[1], False)
+    rng = np.random.default_rng(len(POOL_PATH_CASES) * 7 + POOL_PATH_CASES.index(case))
+    # few distinct values, so windows tie; signed zeros, infinities and NaNs with payloads, so a tie's winner shows
+    x = rng.integers(-3, 4, (n, c, h, w)).astype(dt)
+    specials = np.array([0.0, -0.0, -np.inf, np.inf, np.nan], dt)
+    mask = rng.random(x.shape) < 0.1
+    x[mask] = specials[rng.integers(0, len(specials), mask.sum())]
+    if dt != np.float16:  # NaNs of different payloads: the first one in scan order is the one kept
+        bits = x.view(np.uint32 if dt == np.float32 else np.uint64)
+        nan = np.isnan(x)
+        bits[nan] |= rng.integers(1, 1000, nan.sum()).astype(bits.dtype)
+    y_ref, idx_ref = _scan_max_ref(x, kernel, stride, pad, dil, oh, ow)
+    params = {"kernel": kernel, "stride": stride, "padding": pad, "dilation": dil, "mode": "max",
+              "count_include_pad": False}
+    y, idx = empty((n, c, oh, ow), dt), empty((n, c, oh, ow), np.int64)
+    K["pool2d"](y, idx, put(x), **params)
+    np.testing.assert_array_equal(get(idx), idx_ref)
+    bits_of = {np.float16: np.uint16, np.float32: np.uint32, np.float64: np.uint64}[dt]
+    np.testing.assert_array_equal(get(y).view(bits_of), y_ref.view(bits_of))  # bit for bit: zeros' signs, NaNs
+    y2 = empty((n, c, oh, ow), dt)
+    K["pool2d"](y2, None, put(x), **params)
+    np.testing.assert_array_equal(get(y2).view(bits_of), y_ref.view(bits_of))
+    # averages, in float64 against a direct sum of the inside taps (finite data)
+    xf = rng.uniform(-3, 3, (n, c, h, w)).astype(dt)
+    for cip in (True, False):
+        ref, _ = pool_ref(xf, kernel, stride, pad, dil, "avg", cip, oh, ow)
+        ya = empty((n, c, oh, ow), dt)
+        K["pool2d"](ya, None, put(xf), **{**params, "mode": "avg", "count_include_pad": cip})
+        close(get(ya), ref, dt)
+
+
 # -- batch normalisation ------------------------------------------------------------------------------------------
 
 

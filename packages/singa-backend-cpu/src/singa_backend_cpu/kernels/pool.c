@@ -54,10 +54,14 @@ typedef struct {
     int vec;        /* interior wide enough for the row kernels; else every window is scanned on its own */
     int64_t RA, RB; /* output rows whose every tap row lies inside [0, H) */
     int flat;       /* stride 1 and OW == W: the interior rows are one run for the row kernels (pool_real.h) */
-    /* Small planes go through padded copies (pool_real.h: pad_planes): PH x PW covers every window, from (-pt, -pl);
-     * `pmap` takes a position there to its element's flat index in the plane, -1 in the padding; PG planes at once. */
-    int pad;
-    int64_t PH, PW, PG, *pmap;
+    /* Phase copies (pool_real.h: phase_unit): the input, padding filled in, split by row position mod sh and column
+     * position mod sw into phase blocks of QR rows x QW columns, in which output (r, ow) of a unit is position
+     * r * QW + ow and its tap k position r * QW + ow + toff[k]: every window lies inside, every tap is one run. A unit
+     * is PG whole planes (RC == OH) or RC output rows of one plane; its blocks hold QR = RC + exth rows a plane. */
+    int phase;
+    int64_t QW, QR, RC, PG, BS, exth, nph;
+    int64_t *toff, *trow, *tcol; /* per tap k = i * kw + j: its offset in the blocks, i * dh and j * dw */
+    int64_t *pa, *pb, *c0, *c1;  /* per block used: its row and column phase, its columns inside the input */
     double *cpad, *cin; /* per output column: taps inside the padding, inside the input (the divisors' factors) */
 } pplan;
 
@@ -67,20 +71,98 @@ typedef struct {
 #define POOL_FLAT_CHUNK 1024
 /* Small planes computed together (pool_real.h: max_group, avg_group). */
 #define POOL_GROUP 4
-/* Padded planes of at most these many elements, and about these many elements of them at once (pad_planes). */
-#define POOL_PAD_MAX 512
-#define POOL_PAD_CHUNK 4096
+/* Elements of phase blocks per unit (phase_unit): about this many, so that a unit's blocks stay in the L1/L2 cache. */
+#define POOL_PHASE_CHUNK 8192
+/* Phase copies are taken when their outputs (including the columns and rows computed in vain) are at most this many
+ * times the real ones: not for windows nearly as large as the plane, whose copies would be mostly waste. */
+#define POOL_PHASE_WASTE 4
+/* Stride-1 planes larger than this go through the flat runs of max_plane / avg_plane instead (measured faster). */
+#define POOL_PHASE_FLAT 512
+/* Strides up to this: a larger one leaves most of the sh * sw phases unused. */
+#define POOL_PHASE_STRIDE 4
 
 static void plan_free(pplan *p) {
     free(p->tr.lo);
     free(p->tc.lo);
     free(p->ja);
-    free(p->pmap);
+    free(p->toff);
+    free(p->cpad);
+}
+
+/* The phase copies of pplan, where they pay: every window with an element inside (a max over padding alone would be
+ * -inf), strides up to POOL_PHASE_STRIDE, overlapping windows, little waste. */
+static int phase_open(const pgeom *q, pplan *p, int empty) {
+    const int64_t kk = q->kh * q->kw;
+    p->phase = 0;
+    p->exth = (q->kh - 1) * q->dh / q->sh;
+    p->QW = q->OW + (q->kw - 1) * q->dw / q->sw;
+    const int64_t plane_rows = q->OH + p->exth;
+    if (empty || q->sh > POOL_PHASE_STRIDE || q->sw > POOL_PHASE_STRIDE ||
+        plane_rows * p->QW > POOL_PHASE_WASTE * q->OH * q->OW)
+        return SG_OK;
+    p->toff = (int64_t *)malloc((size_t)(3 * kk + 4 * q->sh * q->sw) * sizeof(int64_t));
+    p->cpad = (double *)malloc((size_t)(2 * q->OW) * sizeof(double));
+    if (!p->toff || !p->cpad) {
+        plan_free(p);
+        return SG_ENOMEM;
+    }
+    p->trow = p->toff + kk;
+    p->tcol = p->trow + kk;
+    p->pa = p->tcol + kk;
+    p->pb = p->pa + q->sh * q->sw;
+    p->c0 = p->pb + q->sh * q->sw;
+    p->c1 = p->c0 + q->sh * q->sw;
+    /* the phases some tap reads, in row-major order: each a block */
+    int used[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE] = {0};
+    int64_t slot[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE];
+    for (int64_t i = 0; i < q->kh; i++)
+        for (int64_t j = 0; j < q->kw; j++) used[i * q->dh % q->sh * q->sw + j * q->dw % q->sw] = 1;
+    p->nph = 0;
+    for (int64_t a = 0; a < q->sh; a++)
+        for (int64_t b = 0; b < q->sw; b++) {
+            if (!used[a * q->sw + b]) continue;
+            p->pa[p->nph] = a;
+            p->pb[p->nph] = b;
+            /* the block's columns c whose element c * sw + b - pl lies inside [0, W): [c0, c1) */
+            const int64_t c0 = sg_min64(p->QW, q->pl > b ? (q->pl - b + q->sw - 1) / q->sw : 0);
+            p->c0[p->nph] = c0;
+            p->c1[p->nph] = sg_max64(c0, sg_min64(p->QW, q->W + q->pl > b ? (q->W + q->pl - b + q->sw - 1) / q->sw : 0));
+            slot[a * q->sw + b] = p->nph++;
+        }
+    if (p->nph == kk) /* windows that do not overlap read each element once: no copy can pay for itself */
+        return SG_OK;
+    if (q->sh == 1 && q->sw == 1 && plane_rows * p->QW > POOL_PHASE_FLAT) /* the flat runs read x where it is */
+        return SG_OK;
+    const int64_t plane = p->nph * plane_rows * p->QW;
+    if (plane <= POOL_PHASE_CHUNK) { /* whole planes, several a unit */
+        p->PG = sg_max64(1, POOL_PHASE_CHUNK / plane);
+        p->RC = q->OH;
+    } else {
+        p->PG = 1;
+        p->RC = sg_min64(q->OH, sg_max64(1, POOL_PHASE_CHUNK / (p->nph * p->QW) - p->exth));
+    }
+    p->QR = p->RC + p->exth;
+    p->BS = p->PG * p->QR * p->QW;
+    for (int64_t i = 0; i < q->kh; i++)
+        for (int64_t j = 0; j < q->kw; j++) {
+            const int64_t k = i * q->kw + j, a = i * q->dh % q->sh, b = j * q->dw % q->sw;
+            p->toff[k] = slot[a * q->sw + b] * p->BS + i * q->dh / q->sh * p->QW + j * q->dw / q->sw;
+            p->trow[k] = i * q->dh;
+            p->tcol[k] = j * q->dw;
+        }
+    p->cin = p->cpad + q->OW;
+    for (int64_t ow = 0; ow < q->OW; ow++) {
+        p->cpad[ow] = (double)p->tc.padded[ow];
+        p->cin[ow] = (double)(p->tc.hi[ow] - p->tc.lo[ow]);
+    }
+    p->phase = 1;
+    return SG_OK;
 }
 
 static int plan_open(const pgeom *q, pplan *p) {
     p->tr.lo = p->tc.lo = NULL;
-    p->pmap = NULL;
+    p->toff = NULL;
+    p->cpad = NULL;
     p->ja = (int64_t *)malloc((size_t)(2 * q->kw + 1) * sizeof(int64_t));
     if (!p->ja || taps_open(&p->tr, q->OH, q->H, q->kh, q->sh, q->pt, q->pb, q->dh) ||
         taps_open(&p->tc, q->OW, q->W, q->kw, q->sw, q->pl, q->pr, q->dw)) {
@@ -117,32 +199,10 @@ static int plan_open(const pgeom *q, pplan *p) {
         }
     if (p->RB < p->RA) p->RB = p->RA;
     p->flat = p->vec && q->sh == 1 && q->sw == 1 && q->OW == q->W && p->RB - p->RA >= 2;
-    /* padded copies: stride 1 (one flat run), every window with an element inside (else a max would be the padding) */
-    p->PH = (q->OH - 1) * q->sh + (q->kh - 1) * q->dh + 1;
-    p->PW = (q->OW - 1) * q->sw + (q->kw - 1) * q->dw + 1;
     int empty = 0;
     for (int64_t oh = 0; oh < q->OH; oh++) empty |= p->tr.lo[oh] >= p->tr.hi[oh];
     for (int64_t ow = 0; ow < q->OW; ow++) empty |= p->tc.lo[ow] >= p->tc.hi[ow];
-    p->pad = q->sh == 1 && q->sw == 1 && !empty && p->PH * p->PW <= POOL_PAD_MAX;
-    if (p->pad) {
-        p->PG = sg_max64(1, POOL_PAD_CHUNK / (p->PH * p->PW));
-        p->pmap = (int64_t *)malloc((size_t)(p->PH * p->PW + 2 * q->OW) * sizeof(int64_t));
-        if (!p->pmap) {
-            plan_free(p);
-            return SG_ENOMEM;
-        }
-        for (int64_t r = 0; r < p->PH; r++)
-            for (int64_t c = 0; c < p->PW; c++) {
-                const int64_t h = r - q->pt, w = c - q->pl;
-                p->pmap[r * p->PW + c] = h >= 0 && h < q->H && w >= 0 && w < q->W ? h * q->W + w : -1;
-            }
-        p->cpad = (double *)(p->pmap + p->PH * p->PW);
-        p->cin = p->cpad + q->OW;
-        for (int64_t ow = 0; ow < q->OW; ow++) {
-            p->cpad[ow] = (double)p->tc.padded[ow];
-            p->cin[ow] = (double)(p->tc.hi[ow] - p->tc.lo[ow]);
-        }
-    }
+    return phase_open(q, p, empty);
     return SG_OK;
 }
 
@@ -171,6 +231,21 @@ typedef uint64_t pbits_f64;
     } while (0)
 
 #define POOL_INLINE static inline __attribute__((always_inline))
+
+#if defined(__AVX512F__)
+/* d[o] = s[2 * o] for o < n in float32, 16 at a time with masks for the last ones: pooling's rows are short (13 to
+ * 112), and the compiler's loop would take most of them one element at a time. Reads no element past s[2n - 2]. */
+static inline void pool_gather2_f32(float *restrict d, const float *restrict s, int64_t n) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (int64_t o = 0; o < n; o += 16) {
+        const int64_t m = sg_min64(16, n - o), need = 2 * m - 1; /* elements read: s[2o .. 2o + need) */
+        const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
+        const __mmask16 hi = need > 16 ? (__mmask16)((1u << (need - 16)) - 1) : 0;
+        const __m512 a = _mm512_maskz_loadu_ps(lo, s + 2 * o), b = _mm512_maskz_loadu_ps(hi, s + 2 * o + 16);
+        _mm512_mask_storeu_ps(d + o, (__mmask16)((1u << m) - 1), _mm512_permutex2var_ps(a, even, b));
+    }
+}
+#endif
 
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"

@@ -1,10 +1,11 @@
 /* Pooling kernels on sg_real planes (instantiated by pool.c, see real.h).
  *
- * The row kernels (max_taps, sum_taps) take the taps (i, j) of the windows one at a time, in the window's scan order,
- * each in one loop over many outputs at once, without bounds checks, which the compiler vectorises. The forward pass
- * feeds them one of three ways, chosen per call (pool.c: plan_open):
- *  - small stride-1 planes: padded copies, in which every window lies inside, several planes as one run (pad_planes);
- *  - otherwise a plane's outputs are split by how many of their window's taps lie inside the input. Output rows
+ * The row kernels (max_taps, sum_taps, max_list, sum_list) take the taps (i, j) of the windows one at a time, in the
+ * window's scan order, each in one loop over many outputs at once, without bounds checks, which the compiler
+ * vectorises. The forward pass feeds them one of three ways, chosen per call (pool.c: plan_open):
+ *  - most shapes: phase copies, the input split by row and column position mod the strides, padding filled in, in
+ *    which every window lies inside and every tap is one contiguous run over all outputs (phase_unit);
+ *  - otherwise (windows nearly as large as the plane, windows with no element inside, large strides) a plane's outputs are split by how many of their window's taps lie inside the input. Output rows
  *    [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle
  *    have all their taps inside: the row kernels run along each output row (input strided by the stride), or along
  *    the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of those rows each run down the
@@ -246,61 +247,134 @@ static inline int64_t SG_R(pool_chunk)(int64_t planes, int T) {
     return c < 1 ? 1 : c;
 }
 
-/* np planes (np <= PG) through padded copies: each plane copied into a PH x PW block of the scratch, -inf around it
- * for max pooling (it never beats an element; where it ties with a -inf element first, the index is looked for
- * again), 0 for averages (an exact no-op in the sums, which never are -0). Every window then lies inside its block:
- * with stride 1 the blocks' outputs are one run of the row kernels (outputs at block position oh * PW + ow, a few
- * columns and rows of each block computed in vain), with no edges to treat apart. */
-static void SG_R(pad_planes)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
-                             sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
-    const int64_t H = q->H, W = q->W, PH = P->PH, PW = P->PW, V = PH * PW, OH = q->OH, OW = q->OW, hw = H * W,
-                  ohw = OH * OW, wn = sg_max64(0, sg_min64(W, PW - q->pl));
+/* The same rule as max_taps over taps at any offsets, in order, for m outputs: tap k of output o reads
+ * base[off[k] + o]; t[o] gets the winning tap's number k. */
+POOL_INLINE void SG_R(max_tile)(const sg_real *base, const int64_t *off, int64_t taps, int64_t m, sg_real *restrict y,
+                                SG_R(ptap) *restrict t) {
+    const sg_real *restrict s0 = base + off[0];
+    for (int64_t o = 0; o < m; o++) y[o] = s0[o];
+    if (t)
+        for (int64_t o = 0; o < m; o++) t[o] = 0;
+    for (int64_t k = 1; k < taps; k++) {
+        const sg_real *restrict s = base + off[k];
+        const SG_R(ptap) tk = (SG_R(ptap))k;
+        if (t) {
+            for (int64_t o = 0; o < m; o++) {
+                const sg_real v = s[o], b = y[o];
+                const int take = !(v <= b) & (b == b);
+                y[o] = take ? v : b;
+                t[o] = take ? tk : t[o];
+            }
+        } else {
+            for (int64_t o = 0; o < m; o++) {
+                const sg_real v = s[o], b = y[o];
+                y[o] = !(v <= b) & (b == b) ? v : b;
+            }
+        }
+    }
+}
+
+/* Sums in double of m outputs, taps as in max_tile, in order. */
+POOL_INLINE void SG_R(sum_tile)(const sg_real *base, const int64_t *off, int64_t taps, int64_t m,
+                                double *restrict acc) {
+    for (int64_t o = 0; o < m; o++) acc[o] = 0.0;
+    for (int64_t k = 0; k < taps; k++) {
+        const sg_real *restrict s = base + off[k];
+        for (int64_t o = 0; o < m; o++) acc[o] += (double)s[o];
+    }
+}
+
+/* Outputs per tile of max_list and sum_list: every tap passes over a tile while it is in the L1 cache (in registers,
+ * mostly), instead of over all n outputs, which would take the outputs through the L2 cache once a tap. */
+#define POOL_TILE 64
+
+/* max_tile over n outputs, a tile at a time. */
+static void SG_R(max_list)(const sg_real *base, const int64_t *off, int64_t taps, int64_t n, sg_real *y,
+                           SG_R(ptap) *t) {
+    int64_t o = 0;
+    for (; o + POOL_TILE <= n; o += POOL_TILE)
+        SG_R(max_tile)(base + o, off, taps, POOL_TILE, y + o, t ? t + o : NULL);
+    if (o < n) SG_R(max_tile)(base + o, off, taps, n - o, y + o, t ? t + o : NULL);
+}
+
+static void SG_R(sum_list)(const sg_real *base, const int64_t *off, int64_t taps, int64_t n, double *acc) {
+    int64_t o = 0;
+    for (; o + POOL_TILE <= n; o += POOL_TILE) SG_R(sum_tile)(base + o, off, taps, POOL_TILE, acc + o);
+    if (o < n) SG_R(sum_tile)(base + o, off, taps, n - o, acc + o);
+}
+
+/* d[o] = s[o * SW] for o in [0, n): one phase of an input row. */
+POOL_INLINE void SG_R(gather)(sg_real *restrict d, const sg_real *restrict s, int64_t n, const int64_t SW) {
+#if defined(__AVX512F__)
+    if (sizeof(sg_real) == sizeof(float) && SW == 2) {
+        pool_gather2_f32((float *)d, (const float *)s, n);
+        return;
+    }
+#endif
+    for (int64_t o = 0; o < n; o++) d[o] = s[o * SW];
+}
+
+/* Output rows [oh0, oh0 + R) of np planes (np <= PG; R == OH when PG > 1) through phase copies (pool.c: pplan):
+ * the phase blocks are filled from the input, -inf around it for max pooling (it never beats an element; where it ties
+ * with a -inf element first, the index is looked for again), 0 for averages (an exact no-op in the sums, which never
+ * are -0); then every output of the unit is one run of the row kernels over the taps in scan order (a few columns and,
+ * between planes, rows computed in vain), with no edges to treat apart and no strided loads. */
+static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
+                             int64_t oh0, int64_t R, sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
+    const int64_t H = q->H, W = q->W, QW = P->QW, QR = P->QR, OW = q->OW, hw = H * W, ohw = q->OH * OW,
+                  rows = R + P->exth, taps = q->kh * q->kw;
     const sg_real fill = mode == POOL_MAX ? -INFINITY : 0;
     sg_real *buf = S->buf;
+    /* rows in the input's order (blocks by row phase first: pool.c), each input row's phases while it is in the cache */
     for (int64_t g = 0; g < np; g++)
-        for (int64_t r = 0; r < PH; r++) {
-            sg_real *br = buf + g * V + r * PW;
-            const int64_t h = r - q->pt;
-            int64_t c = 0;
-            if (h >= 0 && h < H && wn > 0) {
-                for (; c < q->pl; c++) br[c] = fill;
-                memcpy(br + c, x + g * hw + h * W, (size_t)wn * sizeof(sg_real));
-                c += wn;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t s = 0; s < P->nph; s++) {
+                const int64_t a = P->pa[s], b = P->pb[s], h = (oh0 + r) * q->sh + a - q->pt;
+                /* the block's columns c whose element c * sw + b - pl lies inside [0, W): [c0, c1) */
+                const int64_t c0 = P->c0[s], c1 = P->c1[s];
+                sg_real *d = buf + s * P->BS + (g * QR + r) * QW;
+                int64_t c = 0;
+                if (h >= 0 && h < H && c0 < c1) {
+                    for (; c < c0; c++) d[c] = fill;
+                    const sg_real *xr = x + g * hw + h * W + c0 * q->sw + b - q->pl;
+                    POOL_BY_STRIDE(q->sw, SG_R(gather)(d + c0, xr, c1 - c0, SW));
+                    c = c1;
+                }
+                for (; c < QW; c++) d[c] = fill;
             }
-            for (; c < PW; c++) br[c] = fill;
-        }
-    const int64_t n = (np - 1) * V + (OH - 1) * PW + OW; /* the last block's last output, plus one */
+    const int64_t n = ((np - 1) * QR + R - 1) * QW + OW; /* the unit's last output, plus one */
     if (mode == POOL_MAX) {
-        SG_R(max_taps)(buf, 0, q->kh, 0, q->kw, q->dh * PW, q->dw, n, S->vals, ip ? S->t : NULL, 1);
+        SG_R(max_list)(buf, P->toff, taps, n, S->vals, ip ? S->t : NULL);
         for (int64_t g = 0; g < np; g++)
-            for (int64_t oh = 0; oh < OH; oh++) {
-                const int64_t o = g * V + oh * PW;
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t o = (g * QR + r) * QW, oh = oh0 + r, hb = oh * q->sh - q->pt;
                 memcpy(y + g * ohw + oh * OW, S->vals + o, (size_t)OW * sizeof(sg_real));
                 if (!ip) continue;
                 int64_t *ir = ip + g * ohw + oh * OW, lost = 0;
-                const int64_t *pm = P->pmap + oh * PW;
                 const SG_R(ptap) *t = S->t + o;
                 for (int64_t ow = 0; ow < OW; ow++) {
-                    ir[ow] = pm[ow + t[ow]];
+                    const int64_t h = hb + P->trow[t[ow]], w = ow * q->sw - q->pl + P->tcol[t[ow]];
+                    ir[ow] = h >= 0 && h < H && w >= 0 && w < W ? h * W + w : -1;
                     lost |= ir[ow];
                 }
                 if (lost >= 0) continue;
                 for (int64_t ow = 0; ow < OW; ow++)
                     if (ir[ow] < 0) { /* a -inf of the padding came first: scan the window itself */
                         sg_real v;
-                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow],
-                                         oh - q->pt, ow - q->pl, &v, ir + ow);
+                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
+                                         ow * q->sw - q->pl, &v, ir + ow);
                     }
             }
     } else {
-        SG_R(sum_taps)(buf, 0, q->kh, 0, q->kw, q->dh * PW, q->dw, n, S->acc, 1);
+        SG_R(sum_list)(buf, P->toff, taps, n, S->acc);
         const double *cf = cip ? P->cpad : P->cin;
         for (int64_t g = 0; g < np; g++)
-            for (int64_t oh = 0; oh < OH; oh++) {
-                const double *a = S->acc + g * V + oh * PW;
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t oh = oh0 + r;
+                const double *acc = S->acc + (g * QR + r) * QW;
                 const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
                 sg_real *yr = y + g * ohw + oh * OW;
-                for (int64_t ow = 0; ow < OW; ow++) yr[ow] = (sg_real)(a[ow] / (rf * cf[ow]));
+                for (int64_t ow = 0; ow < OW; ow++) yr[ow] = (sg_real)(acc[ow] / (rf * cf[ow]));
             }
     }
 }
@@ -371,12 +445,16 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
                               const pplan *P) {
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
-    /* units of work: PG planes through padded copies, single planes, or groups of POOL_GROUP small planes */
-    const int64_t G = P->pad ? P->PG : !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1, units = (planes + G - 1) / G;
+    /* units of work: phase copies (PG planes, or RC rows of a plane), single planes, or groups of POOL_GROUP small
+     * planes */
+    const int64_t G = P->phase ? P->PG : !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1;
+    const int64_t per_plane = P->phase ? (q->OH + P->RC - 1) / P->RC : 1, units = (planes + G - 1) / G * per_plane;
     const int64_t chunk = SG_R(pool_chunk)(units, T);
-    /* each thread's scratch: L tap offsets, values, padded values and doubles */
-    const int64_t L = sg_max64(sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK), P->pad ? P->PG * P->PH * P->PW : 0);
-    const size_t per = (size_t)L * (sizeof(int64_t) + 2 * sizeof(sg_real) + sizeof(double));
+    /* each thread's scratch: L tap numbers, values and doubles, and LB values of phase blocks */
+    const int64_t L = sg_max64(sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK), P->phase ? P->BS : 0) + 40;
+    const int64_t LB = P->phase ? P->nph * P->BS : 0;
+    const size_t per = ((size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double)) +
+                        (size_t)LB * sizeof(sg_real) + 63) / 64 * 64;
     char *scratch = (char *)malloc((size_t)T * per);
     if (!scratch) return SG_ENOMEM;
 #pragma omp parallel num_threads(T) if (T > 1)
@@ -389,10 +467,12 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         S.buf = S.vals + L;
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t u = 0; u < units; u++) {
-            const int64_t p0 = u * G, np = sg_min64(G, planes - p0);
-            if (P->pad) {
+            const int64_t p0 = u / per_plane * G, np = sg_min64(G, planes - p0);
+            /* the unit's output rows [oh0, oh0 + R) of each of its planes */
+            const int64_t oh0 = P->phase ? u % per_plane * P->RC : 0, R = P->phase ? sg_min64(P->RC, q->OH - oh0) : q->OH;
+            if (P->phase) {
                 int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
-                SG_R(pad_planes)(q, P, mode, cip, x + p0 * hw, np, y + p0 * ohw, ip, &S);
+                SG_R(phase_unit)(q, P, mode, cip, x + p0 * hw, np, oh0, R, y + p0 * ohw, ip, &S);
             } else if (np == POOL_GROUP && G == POOL_GROUP) {
                 if (mode == POOL_MAX)
                     SG_R(max_group)(q, P, x + p0 * hw, hw, y + p0 * ohw, idx ? idx + p0 * ohw : NULL, ohw);
@@ -406,8 +486,9 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
                         SG_R(avg_plane)(q, P, cip, x + p * hw, y + p * ohw, &S);
                 }
             }
-            if (mode == POOL_AVG && idx)
-                for (int64_t o = p0 * ohw; o < (p0 + np) * ohw; o++) idx[o] = -1; /* average windows have no winner */
+            if (mode == POOL_AVG && idx) /* average windows have no winner */
+                for (int64_t p = p0; p < p0 + np; p++)
+                    for (int64_t o = p * ohw + oh0 * q->OW; o < p * ohw + (oh0 + R) * q->OW; o++) idx[o] = -1;
         }
     }
     free(scratch);
