@@ -841,8 +841,9 @@ def _scan_max_ref(x, kernel, stride, pad, dil, oh, ow):
     idx = np.full((n, c, oh, ow), -1, np.int64)
     for i in range(oh):
         for j in range(ow):
-            taps = [(r, q) for r in (i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0]))
-                    for q in (j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])) if 0 <= r < h and 0 <= q < w]
+            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
+            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
+            taps = [(r, q) for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
             for nn in range(n):
                 for cc in range(c):
                     best, at = None, -1
