@@ -72,7 +72,7 @@ typedef struct {
 /* Small planes computed together (pool_real.h: max_group, avg_group). */
 #define POOL_GROUP 4
 /* Elements of phase blocks per unit (phase_unit): about this many, so that a unit's blocks stay in the L1/L2 cache. */
-#define POOL_PHASE_CHUNK 8192
+#define POOL_PHASE_CHUNK 4096
 /* Phase copies are taken when their outputs (including the columns and rows computed in vain) are at most this many
  * times the real ones: not for windows nearly as large as the plane, whose copies would be mostly waste. */
 #define POOL_PHASE_WASTE 4

@@ -284,27 +284,28 @@ POOL_INLINE void SG_R(sum_tile)(const sg_real *base, const int64_t *off, int64_t
     }
 }
 
-/* Outputs per tile of max_list and sum_list: every tap passes over a tile while it is in the L1 cache (in registers,
- * mostly), instead of over all n outputs, which would take the outputs through the L2 cache once a tap. */
-#define POOL_TILE 64
+/* Outputs per tile of max_list and sum_list: every tap passes over a tile while it is in the L1 cache, instead of over
+ * all n outputs, which would take the outputs through the L2 cache once a tap (measured best of 64 to 1024). */
+#define POOL_TILE 512
 
-/* max_tile over n outputs, a tile at a time. */
+/* max_tile over n outputs, a tile at a time (one call site with a variable length: GCC 12 leaves the double sums of
+ * a constant-length tile unvectorised). */
 static void SG_R(max_list)(const sg_real *base, const int64_t *off, int64_t taps, int64_t n, sg_real *y,
                            SG_R(ptap) *t) {
-    int64_t o = 0;
-    for (; o + POOL_TILE <= n; o += POOL_TILE)
-        SG_R(max_tile)(base + o, off, taps, POOL_TILE, y + o, t ? t + o : NULL);
-    if (o < n) SG_R(max_tile)(base + o, off, taps, n - o, y + o, t ? t + o : NULL);
+    for (int64_t o = 0; o < n; o += POOL_TILE)
+        SG_R(max_tile)(base + o, off, taps, sg_min64(POOL_TILE, n - o), y + o, t ? t + o : NULL);
 }
 
 static void SG_R(sum_list)(const sg_real *base, const int64_t *off, int64_t taps, int64_t n, double *acc) {
-    int64_t o = 0;
-    for (; o + POOL_TILE <= n; o += POOL_TILE) SG_R(sum_tile)(base + o, off, taps, POOL_TILE, acc + o);
-    if (o < n) SG_R(sum_tile)(base + o, off, taps, n - o, acc + o);
+    for (int64_t o = 0; o < n; o += POOL_TILE) SG_R(sum_tile)(base + o, off, taps, sg_min64(POOL_TILE, n - o), acc + o);
 }
 
 /* d[o] = s[o * SW] for o in [0, n): one phase of an input row. */
 POOL_INLINE void SG_R(gather)(sg_real *restrict d, const sg_real *restrict s, int64_t n, const int64_t SW) {
+    if (SW == 1) { /* short rows: memcpy's overlapping moves, not the compiler's loop with its element-wise tail */
+        memcpy(d, s, (size_t)n * sizeof(sg_real));
+        return;
+    }
 #if defined(__AVX512F__)
     if (sizeof(sg_real) == sizeof(float) && SW == 2) {
         pool_gather2_f32((float *)d, (const float *)s, n);
@@ -322,23 +323,31 @@ POOL_INLINE void SG_R(gather)(sg_real *restrict d, const sg_real *restrict s, in
 static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
                              int64_t oh0, int64_t R, sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
     const int64_t H = q->H, W = q->W, QW = P->QW, QR = P->QR, OW = q->OW, hw = H * W, ohw = q->OH * OW,
-                  rows = R + P->exth, taps = q->kh * q->kw;
+                  rows = R + P->exth, taps = q->kh * q->kw, sh = q->sh, sw = q->sw, nph = P->nph, BS = P->BS;
     const sg_real fill = mode == POOL_MAX ? -INFINITY : 0;
     sg_real *buf = S->buf;
+    /* each block's input offset at row 0 and its columns c whose element c * sw + b - pl lies inside [0, W): [c0, c1),
+     * in locals that the row copies (memcpy: stores of any type) cannot clobber, so they stay in registers */
+    int64_t row0[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE], shift[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE],
+        c0[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE], c1[POOL_PHASE_STRIDE * POOL_PHASE_STRIDE];
+    for (int64_t s = 0; s < nph; s++) {
+        row0[s] = oh0 * sh + P->pa[s] - q->pt;
+        c0[s] = P->c0[s];
+        c1[s] = P->c1[s];
+        shift[s] = c0[s] * sw + P->pb[s] - q->pl;
+    }
     /* rows in the input's order (blocks by row phase first: pool.c), each input row's phases while it is in the cache */
     for (int64_t g = 0; g < np; g++)
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t s = 0; s < P->nph; s++) {
-                const int64_t a = P->pa[s], b = P->pb[s], h = (oh0 + r) * q->sh + a - q->pt;
-                /* the block's columns c whose element c * sw + b - pl lies inside [0, W): [c0, c1) */
-                const int64_t c0 = P->c0[s], c1 = P->c1[s];
-                sg_real *d = buf + s * P->BS + (g * QR + r) * QW;
+            for (int64_t s = 0; s < nph; s++) {
+                const int64_t h = row0[s] + r * sh, a = c0[s], b = c1[s];
+                sg_real *d = buf + s * BS + (g * QR + r) * QW;
                 int64_t c = 0;
-                if (h >= 0 && h < H && c0 < c1) {
-                    for (; c < c0; c++) d[c] = fill;
-                    const sg_real *xr = x + g * hw + h * W + c0 * q->sw + b - q->pl;
-                    POOL_BY_STRIDE(q->sw, SG_R(gather)(d + c0, xr, c1 - c0, SW));
-                    c = c1;
+                if (h >= 0 && h < H && a < b) {
+                    for (; c < a; c++) d[c] = fill;
+                    const sg_real *xr = x + g * hw + h * W + shift[s];
+                    POOL_BY_STRIDE(sw, SG_R(gather)(d + a, xr, b - a, SW));
+                    c = b;
                 }
                 for (; c < QW; c++) d[c] = fill;
             }
