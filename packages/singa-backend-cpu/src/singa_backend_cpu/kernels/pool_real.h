@@ -90,6 +90,7 @@ typedef struct {
     SG_R(ptap) *t;
     sg_real *vals, *buf;
     double *acc;
+    const double *rdiv; /* phase copies' averages: 1 / the divisor of output (oh, c) at oh * QW + c (shared) */
 } SG_R(pscratch);
 
 /* Whether the interior rows [RA, RB) go through the row kernels (the rest, one window at a time). */
@@ -189,13 +190,14 @@ static void SG_R(avg_row)(const pgeom *q, const pplan *P, int cip, const sg_real
         }
         const int64_t inside = (i1 - i0) * (j1 - j0);
         const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
-        yr[ow] = inside == 0 ? 0 : (sg_real)(sum / (double)div);
+        yr[ow] = inside == 0 ? 0 : (sg_real)(sum * (1.0 / (double)div));
     }
     if (!vec) return;
     const int64_t A = P->A, n = P->B - A, first = (hbase + i0 * q->dh) * q->W + A * q->sw - q->pl;
     POOL_BY_STRIDE(q->sw, SG_R(sum_taps)(xp + first, i0, i1, 0, q->kw, q->dh * q->W, q->dw, n, acc, SW));
     const double div = (double)((cip ? P->tr.padded[oh] : i1 - i0) * q->kw);
-    for (int64_t o = 0; o < n; o++) yr[A + o] = (sg_real)(acc[o] / div);
+    const double rdiv = 1.0 / div;
+    for (int64_t o = 0; o < n; o++) yr[A + o] = (sg_real)(acc[o] * rdiv);
 }
 
 /* Average pooling of one plane, laid out as max_plane's. The interior rows have all kh rows inside the input (and the
@@ -207,13 +209,13 @@ static void SG_R(avg_plane)(const pgeom *q, const pplan *P, int cip, const sg_re
     for (int64_t oh = 0; oh < q->OH; oh++)
         if (!runs || oh < P->RA || oh >= P->RB) SG_R(avg_row)(q, P, cip, xp, oh, yp + oh * OW, acc);
     if (!runs) return;
-    const double div = (double)(kh * q->kw);
+    const double rdiv = 1.0 / (double)(kh * q->kw);
     if (P->flat) {
         const int64_t o0 = P->RA * OW + P->A, o1 = (P->RB - 1) * OW + P->B, corner = -q->pt * q->W - q->pl;
         for (int64_t s = o0; s < o1; s += POOL_FLAT_CHUNK) {
             const int64_t n = sg_min64(POOL_FLAT_CHUNK, o1 - s);
             SG_R(sum_taps)(xp + s + corner, 0, kh, 0, q->kw, q->dh * q->W, q->dw, n, acc, 1);
-            for (int64_t o = 0; o < n; o++) yp[s + o] = (sg_real)(acc[o] / div);
+            for (int64_t o = 0; o < n; o++) yp[s + o] = (sg_real)(acc[o] * rdiv);
         }
     } else if (P->vec) {
         const int64_t A = P->A, n = P->B - A;
@@ -221,7 +223,7 @@ static void SG_R(avg_plane)(const pgeom *q, const pplan *P, int cip, const sg_re
             const int64_t corner = (oh * q->sh - q->pt) * q->W + A * q->sw - q->pl;
             POOL_BY_STRIDE(q->sw, SG_R(sum_taps)(xp + corner, 0, kh, 0, q->kw, q->dh * q->W, q->dw, n, acc, SW));
             sg_real *yr = yp + oh * OW + A;
-            for (int64_t o = 0; o < n; o++) yr[o] = (sg_real)(acc[o] / div);
+            for (int64_t o = 0; o < n; o++) yr[o] = (sg_real)(acc[o] * rdiv);
         }
     }
     const int64_t RA = P->RA, n = P->RB - RA, step = q->sh * q->W;
@@ -236,7 +238,8 @@ static void SG_R(avg_plane)(const pgeom *q, const pplan *P, int cip, const sg_re
         const int64_t corner = (RA * q->sh - q->pt) * q->W + ow * q->sw - q->pl;
         SG_R(sum_taps)(xp + corner + j0 * q->dw, 0, kh, j0, j1, q->dh * q->W, q->dw, n, acc, step);
         const double d = (double)(kh * (cip ? P->tc.padded[ow] : j1 - j0));
-        for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = (sg_real)(acc[o] / d);
+        const double rd = 1.0 / d;
+        for (int64_t o = 0; o < n; o++) yp[(RA + o) * OW + ow] = (sg_real)(acc[o] * rd);
     }
 }
 
@@ -352,40 +355,39 @@ static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, int cip, 
                 for (; c < QW; c++) d[c] = fill;
             }
     const int64_t n = ((np - 1) * QR + R - 1) * QW + OW; /* the unit's last output, plus one */
-    if (mode == POOL_MAX) {
-        SG_R(max_list)(buf, P->toff, taps, n, S->vals, ip ? S->t : NULL);
-        for (int64_t g = 0; g < np; g++)
-            for (int64_t r = 0; r < R; r++) {
-                const int64_t o = (g * QR + r) * QW, oh = oh0 + r, hb = oh * q->sh - q->pt;
-                memcpy(y + g * ohw + oh * OW, S->vals + o, (size_t)OW * sizeof(sg_real));
-                if (!ip) continue;
-                int64_t *ir = ip + g * ohw + oh * OW, lost = 0;
-                const SG_R(ptap) *t = S->t + o;
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    const int64_t h = hb + P->trow[t[ow]], w = ow * q->sw - q->pl + P->tcol[t[ow]];
-                    ir[ow] = h >= 0 && h < H && w >= 0 && w < W ? h * W + w : -1;
-                    lost |= ir[ow];
-                }
-                if (lost >= 0) continue;
-                for (int64_t ow = 0; ow < OW; ow++)
-                    if (ir[ow] < 0) { /* a -inf of the padding came first: scan the window itself */
-                        sg_real v;
-                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
-                                         ow * q->sw - q->pl, &v, ir + ow);
-                    }
-            }
-    } else {
+    if (mode == POOL_AVG) { /* sums, then each plane's outputs divided as one run (rows of a few outputs would not
+                              * fill a vector), the divisors laid out as the outputs */
         SG_R(sum_list)(buf, P->toff, taps, n, S->acc);
-        const double *cf = cip ? P->cpad : P->cin;
-        for (int64_t g = 0; g < np; g++)
-            for (int64_t r = 0; r < R; r++) {
-                const int64_t oh = oh0 + r;
-                const double *acc = S->acc + (g * QR + r) * QW;
-                const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
-                sg_real *yr = y + g * ohw + oh * OW;
-                for (int64_t ow = 0; ow < OW; ow++) yr[ow] = (sg_real)(acc[ow] / (rf * cf[ow]));
-            }
+        const double *rdiv = S->rdiv + oh0 * QW;
+        for (int64_t g = 0; g < np; g++) {
+            const int64_t o = g * QR * QW, len = (R - 1) * QW + OW;
+            const double *restrict acc = S->acc + o;
+            sg_real *restrict v = S->vals + o;
+            for (int64_t i = 0; i < len; i++) v[i] = (sg_real)(acc[i] * rdiv[i]);
+        }
+    } else {
+        SG_R(max_list)(buf, P->toff, taps, n, S->vals, ip ? S->t : NULL);
     }
+    for (int64_t g = 0; g < np; g++)
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t o = (g * QR + r) * QW, oh = oh0 + r, hb = oh * q->sh - q->pt;
+            memcpy(y + g * ohw + oh * OW, S->vals + o, (size_t)OW * sizeof(sg_real));
+            if (!ip) continue;
+            int64_t *ir = ip + g * ohw + oh * OW, lost = 0;
+            const SG_R(ptap) *t = S->t + o;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const int64_t h = hb + P->trow[t[ow]], w = ow * q->sw - q->pl + P->tcol[t[ow]];
+                ir[ow] = h >= 0 && h < H && w >= 0 && w < W ? h * W + w : -1;
+                lost |= ir[ow];
+            }
+            if (lost >= 0) continue;
+            for (int64_t ow = 0; ow < OW; ow++)
+                if (ir[ow] < 0) { /* a -inf of the padding came first: scan the window itself */
+                    sg_real v;
+                    SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
+                                     ow * q->sw - q->pl, &v, ir + ow);
+                }
+        }
 }
 
 /* POOL_GROUP planes at once, window by window: for planes small enough that every window is scanned on its own. A
@@ -445,7 +447,8 @@ static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_re
             }
             const int64_t inside = (i1 - i0) * (j1 - j0);
             const int64_t div = cip ? P->tr.padded[oh] * P->tc.padded[ow] : inside;
-            for (int g = 0; g < POOL_GROUP; g++) yp[g * ohw + o] = inside == 0 ? 0 : (sg_real)(sum[g] / (double)div);
+            const double rdiv = 1.0 / (double)div;
+            for (int g = 0; g < POOL_GROUP; g++) yp[g * ohw + o] = inside == 0 ? 0 : (sg_real)(sum[g] * rdiv);
         }
     }
 }
@@ -464,8 +467,23 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
     const int64_t LB = P->phase ? P->nph * P->BS : 0;
     const size_t per = ((size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double)) +
                         (size_t)LB * sizeof(sg_real) + 63) / 64 * 64;
+    /* the phase copies' divisors for averages, (rows inside or padded) x (columns inside or padded), as reciprocals
+     * (every path multiplies by 1 / divisor, the same number: a vector division costs several multiplications) */
+    const int avg_phase = P->phase && mode == POOL_AVG;
+    double *rdiv = avg_phase ? (double *)malloc((size_t)(q->OH * P->QW) * sizeof(double)) : NULL;
     char *scratch = (char *)malloc((size_t)T * per);
-    if (!scratch) return SG_ENOMEM;
+    if (!scratch || (avg_phase && !rdiv)) {
+        free(scratch);
+        free(rdiv);
+        return SG_ENOMEM;
+    }
+    if (avg_phase) {
+        const double *cf = cip ? P->cpad : P->cin;
+        for (int64_t oh = 0; oh < q->OH; oh++) {
+            const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
+            for (int64_t c = 0; c < P->QW; c++) rdiv[oh * P->QW + c] = c < q->OW ? 1.0 / (rf * cf[c]) : 1.0;
+        }
+    }
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         char *mine = scratch + (size_t)omp_get_thread_num() * per;
@@ -474,6 +492,7 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         S.t = (SG_R(ptap) *)(mine + (size_t)L * sizeof(double));
         S.vals = (sg_real *)(mine + (size_t)L * (sizeof(double) + sizeof(int64_t)));
         S.buf = S.vals + L;
+        S.rdiv = rdiv;
 #pragma omp for schedule(dynamic, chunk)
         for (int64_t u = 0; u < units; u++) {
             const int64_t p0 = u / per_plane * G, np = sg_min64(G, planes - p0);
@@ -501,6 +520,7 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         }
     }
     free(scratch);
+    free(rdiv);
     return SG_OK;
 }
 
