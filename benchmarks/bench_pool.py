@@ -22,9 +22,28 @@ CASES = [
 QUICK_CASES = [0, 1, 6, 7]
 
 
-def _check(got, want, what: str) -> None:
+def _check(got, want, what: str, other: str = "torch") -> None:
     if not np.allclose(got, want, rtol=1e-5, atol=1e-6):
-        raise AssertionError(f"{what}: singa disagrees with torch")
+        raise AssertionError(f"{what}: singa disagrees with {other}")
+
+
+def _ort_forward(x: np.ndarray, case: tuple):
+    """onnxruntime's forward pass of the layer (one MaxPool / AveragePool node), or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    _, _, k, s, p, mode, cip = case
+    attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4}
+    if mode == "avg":
+        attrs["count_include_pad"] = int(cip)
+    node = helper.make_node("MaxPool" if mode == "max" else "AveragePool", ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, {"x": x})[0]
 
 
 def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
@@ -57,18 +76,25 @@ def _case(dev, rng, n: int, case: tuple, repeat: int) -> list[list]:
             tfn["backward"] = lambda: torch.ops.aten.avg_pool2d_backward(
                 tdy, t, [k, k], [s, s], [p, p], False, cip, None)
         _check(ops.to_numpy(singa["backward"]()), tfn["backward"]().numpy(), f"{label} backward")
-    return benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat)
+    ofn = {}
+    ort_forward = _ort_forward(x, case)
+    if ort_forward is not None:
+        _check(ops.to_numpy(y), ort_forward(), f"{label} forward", "onnxruntime")
+        ofn["forward"] = ort_forward
+    return benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat, ofn)
 
 
 def run(quick: bool = False) -> Table:
-    """Pooling forward (inference, training with indices) and backward: singa vs torch."""
+    """Pooling forward (inference, training with indices) and backward: singa vs torch, and the forward vs
+    onnxruntime (whose CPU pooling is the faster reference)."""
     table = benchlib.layer_table("2-D pooling, float32 NCHW (ms per call, lower is better)", "bench_pool.py",
-                                 CASES, QUICK_CASES, quick, _case)
+                                 CASES, QUICK_CASES, quick, _case, third="onnxruntime")
     table.notes.append(
         "Best of several timed calls after two warm-ups; the singa timer stops after `dev.synchronize()`. "
         "\"forward, indices\" also returns the argmax indices (training); \"backward\" is max pooling's scatter to "
         "those indices or average pooling's spread, against `torch.ops.aten.max_pool2d_with_indices_backward` / "
-        "`avg_pool2d_backward`. Ratios are of times: below 1, singa is faster.")
+        "`avg_pool2d_backward`. onnxruntime: the forward as a one-node model (`InferenceSession.run` on the same "
+        "array). Ratios are of times: below 1, singa is faster.")
     return table
 
 

@@ -103,9 +103,11 @@ def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1, number: in
     return best
 
 
-def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int) -> list[list]:
+def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int, ofn: dict | None = None
+              ) -> list[list]:
     """Rows [label, shape, pass, singa ms, torch ms, singa/torch] of one layer: each pass (name -> zero-argument
-    callable) timed best-of-`repeat`, singa's ending with `dev.synchronize()`, torch's under no_grad."""
+    callable) timed best-of-`repeat`, singa's ending with `dev.synchronize()`, torch's under no_grad; with `ofn`
+    (a third framework's passes, e.g. onnxruntime's), two more columns: its ms and singa/its."""
     rows = []
     for what, fn in singa.items():
 
@@ -118,7 +120,11 @@ def pass_rows(dev, label: str, shape: tuple, singa: dict, tfn: dict, repeat: int
         if what in tfn:
             with torch.no_grad():
                 tms = best_time(tfn[what], repeat, warmup=2) * 1e3
-        rows.append([label, f"({', '.join(str(d) for d in shape)})", what, ms, tms, ratio(ms, tms)])
+        row = [label, f"({', '.join(str(d) for d in shape)})", what, ms, tms, ratio(ms, tms)]
+        if ofn is not None:
+            oms = best_time(ofn[what], repeat, warmup=2) * 1e3 if what in ofn else None
+            row += [oms, ratio(ms, oms)]
+        rows.append(row)
     return rows
 
 
@@ -153,11 +159,15 @@ def conv_passes(dev, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dy: np.
 
 
 def layer_table(title: str, script: str, cases: list, quick_cases: list[int], quick: bool,
-                case_rows: Callable[..., list[list]]) -> Table:
+                case_rows: Callable[..., list[list]], third: str | None = None) -> Table:
     """The per-layer table of bench_pool / bench_conv: case_rows(dev, rng, n, case, repeat) gives a layer's rows
-    (pass_rows); every case at batch 1 and 8 (the quick run: the quick cases at batch 1, fewer repeats)."""
+    (pass_rows); every case at batch 1 and 8 (the quick run: the quick cases at batch 1, fewer repeats); `third`:
+    the name of a third framework whose columns the rows carry."""
     dev = singa_device()
-    table = Table(title=title, script=script, headers=["layer", "input", "pass", "singa", "torch", "singa/torch"])
+    headers = ["layer", "input", "pass", "singa", "torch", "singa/torch"]
+    if third:
+        headers += [third, f"singa/{third}"]
+    table = Table(title=title, script=script, headers=headers)
     rng = np.random.default_rng(0)
     for n in (1,) if quick else (1, 8):
         for case in ([cases[i] for i in quick_cases] if quick else cases):

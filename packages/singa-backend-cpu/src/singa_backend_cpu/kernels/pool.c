@@ -90,14 +90,15 @@ static void plan_free(pplan *p) {
 }
 
 /* The phase copies of pplan, where they pay: every window with an element inside (a max over padding alone would be
- * -inf), strides up to POOL_PHASE_STRIDE, overlapping windows, little waste. */
+ * -inf), strides up to POOL_PHASE_STRIDE, rows of at least POOL_VEC_MIN (a row's copy has a set-up cost), little
+ * waste. */
 static int phase_open(const pgeom *q, pplan *p, int empty) {
     const int64_t kk = q->kh * q->kw;
     p->phase = 0;
     p->exth = (q->kh - 1) * q->dh / q->sh;
     p->QW = q->OW + (q->kw - 1) * q->dw / q->sw;
     const int64_t plane_rows = q->OH + p->exth;
-    if (empty || q->sh > POOL_PHASE_STRIDE || q->sw > POOL_PHASE_STRIDE ||
+    if (empty || q->sh > POOL_PHASE_STRIDE || q->sw > POOL_PHASE_STRIDE || p->QW < POOL_VEC_MIN ||
         plane_rows * p->QW > POOL_PHASE_WASTE * q->OH * q->OW)
         return SG_OK;
     p->toff = (int64_t *)malloc((size_t)(3 * kk + 4 * q->sh * q->sw) * sizeof(int64_t));
