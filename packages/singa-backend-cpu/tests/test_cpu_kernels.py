@@ -818,10 +818,13 @@ def test_pool2d_forward_and_backward(case, dt):
         close(get(dx), dx_ref.reshape(x.shape), dt)
 
 
-# The forward's paths (pool_real.h): phase copies for large planes taken a few rows at a time, for small planes several
-# at a time, and with strides 1 to 3, dilation and padding; the row and column runs for windows that do not overlap; the
-# window-by-window groups for windows nearly as large as the plane.
+# The forward's paths (pool_real.h): phase copies for large planes taken a few rows at a time, for mid-sized planes
+# several at a time, and with strides 1 to 3, dilation and padding; the row and column runs for windows that do not
+# overlap; small planes side by side in vector lanes (full and partial groups of 16 or 8, windows in the padding alone).
 POOL_PATH_CASES = [
+    (2, 21, 14, 14, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # lanes: 42 planes, two full groups and a partial one
+    (1, 20, 6, 7, (3, 2), (2, 1), (2, 1, 2, 0), (2, 1)),  # lanes: dilation, stride 2 rows, asymmetric padding
+    (1, 17, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), (1, 1)),  # lanes: windows in the padding alone
     # N, C, H, W, kernel, stride, padding, dilation
     (1, 3, 111, 111, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # SqueezeNet's first pool: rows in several units
     (1, 2, 112, 112, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet's stem

@@ -58,6 +58,10 @@ typedef struct {
      * position mod sw into phase blocks of QR rows x QW columns, in which output (r, ow) of a unit is position
      * r * QW + ow and its tap k position r * QW + ow + toff[k]: every window lies inside, every tap is one run. A unit
      * is PG whole planes (RC == OH) or RC output rows of one plane; its blocks hold QR = RC + exth rows a plane. */
+    /* Lanes (pool_real.h: lanes_unit): planes of at most POOL_LANES_MAX padded positions (PH x PW covers every window
+     * from (-pt, -pl)) go a vector's width of planes at a time, one plane a lane. */
+    int lanes, small;
+    int64_t PH, PW, LN; /* LN: lanes a unit (set per dtype by the caller: 64 bytes of values) */
     int phase;
     int64_t QW, QR, RC, PG, BS, exth, nph;
     int64_t *toff, *trow, *tcol; /* per tap k = i * kw + j: its offset in the blocks, i * dh and j * dw */
@@ -71,6 +75,8 @@ typedef struct {
 #define POOL_FLAT_CHUNK 1024
 /* Small planes computed together (pool_real.h: max_group, avg_group). */
 #define POOL_GROUP 4
+/* Padded planes of at most this many positions go through the lanes: a vector's width of them is 32 KiB. */
+#define POOL_LANES_MAX 512
 /* Elements of phase blocks per unit (phase_unit): about this many, so that a unit's blocks stay in the L1/L2 cache. */
 #define POOL_PHASE_CHUNK 4096
 /* Phase copies are taken when their outputs (including the columns and rows computed in vain) are at most this many
@@ -102,8 +108,7 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
         plane_rows * p->QW > POOL_PHASE_WASTE * q->OH * q->OW)
         return SG_OK;
     p->toff = (int64_t *)malloc((size_t)(3 * kk + 4 * q->sh * q->sw) * sizeof(int64_t));
-    p->cpad = (double *)malloc((size_t)(2 * q->OW) * sizeof(double));
-    if (!p->toff || !p->cpad) {
+    if (!p->toff) {
         plan_free(p);
         return SG_ENOMEM;
     }
@@ -153,11 +158,6 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
             p->trow[k] = i * q->dh;
             p->tcol[k] = j * q->dw;
         }
-    p->cin = p->cpad + q->OW;
-    for (int64_t ow = 0; ow < q->OW; ow++) {
-        p->cpad[ow] = (double)p->tc.padded[ow];
-        p->cin[ow] = (double)(p->tc.hi[ow] - p->tc.lo[ow]);
-    }
     p->phase = 1;
     return SG_OK;
 }
@@ -192,6 +192,7 @@ static int plan_open(const pgeom *q, pplan *p) {
     if (p->B < p->A) p->B = p->A;
     /* the row kernels keep a tap's offset from its window's corner in an int32 for float32 */
     const int small = (q->kh - 1) * q->dh * q->W + (q->kw - 1) * q->dw < INT32_MAX;
+    p->small = small;
     p->vec = small && p->B - p->A >= POOL_VEC_MIN;
     p->RA = 0;
     p->RB = -1;
@@ -205,7 +206,30 @@ static int plan_open(const pgeom *q, pplan *p) {
     int empty = 0;
     for (int64_t oh = 0; oh < q->OH; oh++) empty |= p->tr.lo[oh] >= p->tr.hi[oh];
     for (int64_t ow = 0; ow < q->OW; ow++) empty |= p->tc.lo[ow] >= p->tc.hi[ow];
-    return phase_open(q, p, empty);
+    p->cpad = (double *)malloc((size_t)(2 * q->OW + 1) * sizeof(double));
+    if (!p->cpad) {
+        plan_free(p);
+        return SG_ENOMEM;
+    }
+    p->cin = p->cpad + q->OW;
+    for (int64_t ow = 0; ow < q->OW; ow++) {
+        p->cpad[ow] = (double)p->tc.padded[ow];
+        p->cin[ow] = (double)(p->tc.hi[ow] - p->tc.lo[ow]);
+    }
+    /* small planes: several side by side in vector lanes (pool_real.h: lanes_unit) */
+    p->PH = (q->OH - 1) * q->sh + (q->kh - 1) * q->dh + 1;
+    p->PW = (q->OW - 1) * q->sw + (q->kw - 1) * q->dw + 1;
+    p->lanes = p->PH * p->PW <= POOL_LANES_MAX && p->small;
+    p->phase = 0;
+    if (!p->lanes) return phase_open(q, p, empty);
+    p->toff = (int64_t *)malloc((size_t)(q->kh * q->kw) * sizeof(int64_t)); /* in positions * lanes: times LN later */
+    if (!p->toff) {
+        plan_free(p);
+        return SG_ENOMEM;
+    }
+    for (int64_t i = 0; i < q->kh; i++)
+        for (int64_t j = 0; j < q->kw; j++) p->toff[i * q->kw + j] = i * q->dh * p->PW + j * q->dw;
+    return SG_OK;
     return SG_OK;
 }
 
@@ -250,6 +274,13 @@ static inline void pool_gather2_f32(float *restrict d, const float *restrict s, 
 }
 #endif
 
+/* The lanes of a unit for values of `size` bytes (a 64-byte vector of them), and the taps' offsets in lanes. */
+static void lanes_for(const pgeom *q, pplan *p, size_t size) {
+    if (!p->lanes) return;
+    p->LN = (int64_t)(64 / size);
+    for (int64_t k = 0; k < q->kh * q->kw; k++) p->toff[k] *= p->LN;
+}
+
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"
 
@@ -264,6 +295,7 @@ int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t
     if (ny == 0) return SG_OK;
     pplan pl;
     if (plan_open(&q, &pl)) return SG_ENOMEM;
+    lanes_for(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float));
     int64_t *ip = idx ? (int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
         err = pool_forward_f64(&q, mode, count_include_pad, (const double *)x + xo, (double *)y + yo, ip, &pl);
@@ -298,6 +330,7 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
     if (need_x && !x) return SG_EVALUE;
     pplan pl;
     if (plan_open(&q, &pl)) return SG_ENOMEM;
+    lanes_for(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float));
     const int64_t *ip = idx ? (const int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
         err = pool_backward_f64(&q, mode, count_include_pad, (const double *)dy + dyo,

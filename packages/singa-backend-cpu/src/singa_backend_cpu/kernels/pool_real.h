@@ -390,6 +390,81 @@ static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, int cip, 
         }
 }
 
+/* Planes [0, np) of at most G = P->LN (a vector's width: pool.c), side by side: position (r, c) of the padded plane
+ * (PH x PW, from (-pt, -pl)) holds plane g's element at buf[(r * PW + c) * G + g], the fill value (as phase_unit's)
+ * outside the input and in the unused lanes. An output's taps are then its window's, in scan order, each G lanes at
+ * offset toff[k] from the output's corner: the row kernels run over the G lanes of an output (of a row of outputs at
+ * stride 1, whose lanes are one run), a vector op a tap for G planes at once, however small the planes. */
+static void SG_R(lanes_unit)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
+                             sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
+    const int64_t G = P->LN, H = q->H, W = q->W, PW = P->PW, OH = q->OH, OW = q->OW, hw = H * W, ohw = OH * OW,
+                  kw = q->kw, pt = q->pt, pl = q->pl, taps = q->kh * kw, sw = q->sw;
+    const sg_real fill = mode == POOL_MAX ? -INFINITY : 0;
+    sg_real *buf = S->buf;
+    for (int64_t i = 0; i < P->PH * PW * G; i++) buf[i] = fill;
+    const int64_t h1 = sg_min64(H, P->PH - pt), w1 = sg_min64(W, PW - pl); /* input rows and columns a window reads */
+    for (int64_t g = 0; g < np; g++)
+        for (int64_t h = 0; h < h1; h++) {
+            const sg_real *xr = x + g * hw + h * W;
+            sg_real *d = buf + ((h + pt) * PW + pl) * G + g;
+            for (int64_t w = 0; w < w1; w++) d[w * G] = xr[w];
+        }
+    const double *cf = cip ? P->cpad : P->cin;
+    SG_R(ptap) *t = ip ? S->t : NULL;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const sg_real *row = buf + oh * q->sh * PW * G;
+        /* the row's outputs, lanes innermost: S->vals (max) or S->acc (sums) at ow * G + g */
+        if (mode == POOL_MAX) {
+            if (sw == 1)
+                SG_R(max_tile)(row, P->toff, taps, OW * G, S->vals, t);
+            else
+                for (int64_t ow = 0; ow < OW; ow++)
+                    SG_R(max_tile)(row + ow * sw * G, P->toff, taps, G, S->vals + ow * G, t ? t + ow * G : NULL);
+        } else {
+            /* sums output by output, the lanes' doubles in registers across the taps (a pass a tap over the row's
+             * doubles, as max_tile does, measured slower: each tap's load-add-store goes through L1) */
+            enum { GC = 64 / sizeof(sg_real) }; /* == G: pool.c's lanes_for */
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const sg_real *base = row + ow * sw * G;
+                double a[GC];
+                for (int g = 0; g < GC; g++) a[g] = 0.0;
+                for (int64_t k = 0; k < taps; k++) {
+                    const sg_real *restrict s = base + P->toff[k];
+                    for (int g = 0; g < GC; g++) a[g] += (double)s[g];
+                }
+                for (int g = 0; g < GC; g++) S->acc[ow * G + g] = a[g];
+            }
+        }
+        const int64_t hb = oh * q->sh - pt;
+        const int row_empty = P->tr.lo[oh] >= P->tr.hi[oh];
+        const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t o = oh * OW + ow, wb = ow * sw - pl;
+            if (row_empty || P->tc.lo[ow] >= P->tc.hi[ow]) { /* no tap inside: 0, and no winner */
+                for (int64_t g = 0; g < np; g++) {
+                    y[g * ohw + o] = 0;
+                    if (ip) ip[g * ohw + o] = -1;
+                }
+            } else if (mode == POOL_AVG) {
+                const double r = 1.0 / (rf * cf[ow]);
+                for (int64_t g = 0; g < np; g++) y[g * ohw + o] = (sg_real)(S->acc[ow * G + g] * r);
+            } else {
+                for (int64_t g = 0; g < np; g++) y[g * ohw + o] = S->vals[ow * G + g];
+                for (int64_t g = 0; ip && g < np; g++) {
+                    const int64_t k = t[ow * G + g], h = hb + k / kw * q->dh, w = wb + k % kw * q->dw;
+                    if (h >= 0 && h < H && w >= 0 && w < W) {
+                        ip[g * ohw + o] = h * W + w;
+                    } else { /* a -inf of the padding came first: scan the window itself */
+                        sg_real v;
+                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
+                                         wb, &v, ip + g * ohw + o);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* POOL_GROUP planes at once, window by window: for planes small enough that every window is scanned on its own. A
  * window's maximum or sum is a chain of dependent steps, kept in scan order; the planes' chains are independent, so
  * their latencies overlap. Same steps, same order, same results as max_window / avg_row. */
@@ -459,12 +534,16 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
     /* units of work: phase copies (PG planes, or RC rows of a plane), single planes, or groups of POOL_GROUP small
      * planes */
-    const int64_t G = P->phase ? P->PG : !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP : 1;
+    const int64_t G = P->lanes    ? P->LN
+                      : P->phase  ? P->PG
+                      : !P->vec && !SG_R(pool_runs)(P) ? POOL_GROUP
+                                                        : 1;
     const int64_t per_plane = P->phase ? (q->OH + P->RC - 1) / P->RC : 1, units = (planes + G - 1) / G * per_plane;
     const int64_t chunk = SG_R(pool_chunk)(units, T);
     /* each thread's scratch: L tap numbers, values and doubles, and LB values of phase blocks */
-    const int64_t L = sg_max64(sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK), P->phase ? P->BS : 0) + 40;
-    const int64_t LB = P->phase ? P->nph * P->BS : 0;
+    const int64_t L = sg_max64(sg_max64(sg_max64(q->OW, q->OH), POOL_FLAT_CHUNK),
+                               P->lanes ? P->LN * q->OW : P->phase ? P->BS : 0);
+    const int64_t LB = P->lanes ? P->LN * P->PH * P->PW : P->phase ? P->nph * P->BS : 0;
     const size_t per = ((size_t)L * (sizeof(int64_t) + sizeof(sg_real) + sizeof(double)) +
                         (size_t)LB * sizeof(sg_real) + 63) / 64 * 64;
     /* the phase copies' divisors for averages, (rows inside or padded) x (columns inside or padded), as reciprocals
@@ -498,7 +577,10 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
             const int64_t p0 = u / per_plane * G, np = sg_min64(G, planes - p0);
             /* the unit's output rows [oh0, oh0 + R) of each of its planes */
             const int64_t oh0 = P->phase ? u % per_plane * P->RC : 0, R = P->phase ? sg_min64(P->RC, q->OH - oh0) : q->OH;
-            if (P->phase) {
+            if (P->lanes) {
+                int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
+                SG_R(lanes_unit)(q, P, mode, cip, x + p0 * hw, np, y + p0 * ohw, ip, &S);
+            } else if (P->phase) {
                 int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
                 SG_R(phase_unit)(q, P, mode, cip, x + p0 * hw, np, oh0, R, y + p0 * ohw, ip, &S);
             } else if (np == POOL_GROUP && G == POOL_GROUP) {
