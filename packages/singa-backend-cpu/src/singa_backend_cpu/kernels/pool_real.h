@@ -1,17 +1,18 @@
 /* Pooling kernels on sg_real planes (instantiated by pool.c, see real.h).
  *
- * The row kernels (max_taps, sum_taps, max_list, sum_list) take the taps (i, j) of the windows one at a time, in the
+ * The row kernels (max_taps, sum_taps, max_tile, sum_tile) take the taps (i, j) of the windows one at a time, in the
  * window's scan order, each in one loop over many outputs at once, without bounds checks, which the compiler
- * vectorises. The forward pass feeds them one of three ways, chosen per call (pool.c: plan_open):
- *  - most shapes: phase copies, the input split by row and column position mod the strides, padding filled in, in
- *    which every window lies inside and every tap is one contiguous run over all outputs (phase_unit);
+ * vectorises. The forward pass feeds them one of four ways, chosen per call (pool.c: plan_open):
+ *  - small planes: a vector's width of them side by side, one a lane, padding filled in (lanes_unit);
+ *  - most other shapes: phase copies, the input split by row and column position mod the strides, padding filled in,
+ *    in which every window lies inside and every tap is one contiguous run over all outputs (phase_unit);
  *  - otherwise (windows nearly as large as the plane, windows with no element inside, large strides) a plane's outputs are split by how many of their window's taps lie inside the input. Output rows
  *    [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle
  *    have all their taps inside: the row kernels run along each output row (input strided by the stride), or along
  *    the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of those rows each run down the
  *    rows (input strided by sh * W) over their inside taps, the same kernels again; only the few rows above RA and
  *    below RB scan their edge windows one by one (max_plane, avg_plane);
- *  - planes too small for either go POOL_GROUP at a time, window by window (max_group, avg_group).
+ *  - planes too narrow for those go POOL_GROUP at a time, window by window (max_group, avg_group).
  * Every path visits a window's taps in the same order, so an output does not depend on which path computed it. The
  * gradient of max pooling scatters dy to the forward's winners; that of averages adds each output's share to its
  * window's taps, a tap at a time over a row of outputs (spread), in the order of the outputs. */
