@@ -735,15 +735,20 @@ def test_conv2d_rejects_bad_groups():
 # -- pooling ------------------------------------------------------------------------------------------------------
 
 
+def _window(i, j, kernel, stride, pad, dil, h, w):
+    """Output (i, j)'s window: its tap rows, its tap columns, and its taps inside the input in scan order."""
+    rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
+    cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
+    return rows, cols, [(r, q) for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+
+
 def pool_ref(x, kernel, stride, pad, dil, mode, cip, oh, ow):
     n, c, h, w = x.shape
     y = np.zeros((n, c, oh, ow))
     idx = np.full((n, c, oh, ow), -1, np.int64)
     for i in range(oh):
         for j in range(ow):
-            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
-            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
-            inside = [(r, q) for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+            rows, cols, inside = _window(i, j, kernel, stride, pad, dil, h, w)
             padded = sum(1 for r in rows for q in cols if -pad[0] <= r < h + pad[2] and -pad[1] <= q < w + pad[3])
             if not inside:
                 continue
@@ -796,9 +801,8 @@ def test_pool2d_forward_and_backward(case, dt):
     dx_ref = np.zeros((n, c, h * w))
     for i in range(oh):
         for j in range(ow):
-            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
-            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
-            inside = [r * w + q for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+            rows, cols, taps = _window(i, j, kernel, stride, pad, dil, h, w)
+            inside = [r * w + q for r, q in taps]
             if not inside:
                 continue
             if mode == "max":
@@ -844,9 +848,7 @@ def _scan_max_ref(x, kernel, stride, pad, dil, oh, ow):
     idx = np.full((n, c, oh, ow), -1, np.int64)
     for i in range(oh):
         for j in range(ow):
-            rows = [i * stride[0] - pad[0] + a * dil[0] for a in range(kernel[0])]
-            cols = [j * stride[1] - pad[1] + b * dil[1] for b in range(kernel[1])]
-            taps = [(r, q) for r in rows for q in cols if 0 <= r < h and 0 <= q < w]
+            taps = _window(i, j, kernel, stride, pad, dil, h, w)[2]
             for nn in range(n):
                 for cc in range(c):
                     best, at = None, -1
