@@ -54,14 +54,14 @@ typedef struct {
     int vec;        /* interior wide enough for the row kernels; else every window is scanned on its own */
     int64_t RA, RB; /* output rows whose every tap row lies inside [0, H) */
     int flat;       /* stride 1 and OW == W: the interior rows are one run for the row kernels (pool_real.h) */
+    /* Lanes (pool_real.h: lanes_unit): planes of at most POOL_LANES_MAX padded positions (PH x PW covers every window
+     * from (-pt, -pl)) go LN at a time (64 bytes of values), one plane a lane; tap k at toff[k] from its output. */
+    int lanes;
+    int64_t PH, PW, LN;
     /* Phase copies (pool_real.h: phase_unit): the input, padding filled in, split by row position mod sh and column
      * position mod sw into phase blocks of QR rows x QW columns, in which output (r, ow) of a unit is position
      * r * QW + ow and its tap k position r * QW + ow + toff[k]: every window lies inside, every tap is one run. A unit
      * is PG whole planes (RC == OH) or RC output rows of one plane; its blocks hold QR = RC + exth rows a plane. */
-    /* Lanes (pool_real.h: lanes_unit): planes of at most POOL_LANES_MAX padded positions (PH x PW covers every window
-     * from (-pt, -pl)) go a vector's width of planes at a time, one plane a lane. */
-    int lanes, small;
-    int64_t PH, PW, LN; /* LN: lanes a unit (set per dtype by the caller: 64 bytes of values) */
     int phase;
     int64_t QW, QR, RC, PG, BS, exth, nph;
     int64_t *toff, *trow, *tcol; /* per tap k = i * kw + j: its offset in the blocks, i * dh and j * dw */
@@ -162,7 +162,8 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
     return SG_OK;
 }
 
-static int plan_open(const pgeom *q, pplan *p) {
+/* The plan of a call on values of `size` bytes. */
+static int plan_open(const pgeom *q, pplan *p, size_t size) {
     p->tr.lo = p->tc.lo = NULL;
     p->toff = NULL;
     p->cpad = NULL;
@@ -192,7 +193,6 @@ static int plan_open(const pgeom *q, pplan *p) {
     if (p->B < p->A) p->B = p->A;
     /* the row kernels keep a tap's offset from its window's corner in an int32 for float32 */
     const int small = (q->kh - 1) * q->dh * q->W + (q->kw - 1) * q->dw < INT32_MAX;
-    p->small = small;
     p->vec = small && p->B - p->A >= POOL_VEC_MIN;
     p->RA = 0;
     p->RB = -1;
@@ -219,17 +219,17 @@ static int plan_open(const pgeom *q, pplan *p) {
     /* small planes: several side by side in vector lanes (pool_real.h: lanes_unit) */
     p->PH = (q->OH - 1) * q->sh + (q->kh - 1) * q->dh + 1;
     p->PW = (q->OW - 1) * q->sw + (q->kw - 1) * q->dw + 1;
-    p->lanes = p->PH * p->PW <= POOL_LANES_MAX && p->small;
+    p->lanes = p->PH * p->PW <= POOL_LANES_MAX && small;
     p->phase = 0;
     if (!p->lanes) return phase_open(q, p, empty);
-    p->toff = (int64_t *)malloc((size_t)(q->kh * q->kw) * sizeof(int64_t)); /* in positions * lanes: times LN later */
+    p->LN = (int64_t)(64 / size);
+    p->toff = (int64_t *)malloc((size_t)(q->kh * q->kw) * sizeof(int64_t));
     if (!p->toff) {
         plan_free(p);
         return SG_ENOMEM;
     }
     for (int64_t i = 0; i < q->kh; i++)
-        for (int64_t j = 0; j < q->kw; j++) p->toff[i * q->kw + j] = i * q->dh * p->PW + j * q->dw;
-    return SG_OK;
+        for (int64_t j = 0; j < q->kw; j++) p->toff[i * q->kw + j] = (i * q->dh * p->PW + j * q->dw) * p->LN;
     return SG_OK;
 }
 
@@ -274,13 +274,6 @@ static inline void pool_gather2_f32(float *restrict d, const float *restrict s, 
 }
 #endif
 
-/* The lanes of a unit for values of `size` bytes (a 64-byte vector of them), and the taps' offsets in lanes. */
-static void lanes_for(const pgeom *q, pplan *p, size_t size) {
-    if (!p->lanes) return;
-    p->LN = (int64_t)(64 / size);
-    for (int64_t k = 0; k < q->kh * q->kw; k++) p->toff[k] *= p->LN;
-}
-
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"
 
@@ -294,8 +287,7 @@ int sg_pool2d(int dtype, int mode, int count_include_pad, const char *x, int64_t
     const int64_t isz = sg_itemsize(dtype), ny = q.N * q.C * q.OH * q.OW;
     if (ny == 0) return SG_OK;
     pplan pl;
-    if (plan_open(&q, &pl)) return SG_ENOMEM;
-    lanes_for(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float));
+    if (plan_open(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float))) return SG_ENOMEM;
     int64_t *ip = idx ? (int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
         err = pool_forward_f64(&q, mode, count_include_pad, (const double *)x + xo, (double *)y + yo, ip, &pl);
@@ -329,8 +321,7 @@ int sg_pool2d_backward(int dtype, int mode, int count_include_pad, const char *d
     const int need_x = mode == POOL_MAX && !idx;
     if (need_x && !x) return SG_EVALUE;
     pplan pl;
-    if (plan_open(&q, &pl)) return SG_ENOMEM;
-    lanes_for(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float));
+    if (plan_open(&q, &pl, dtype == SG_F64 ? sizeof(double) : sizeof(float))) return SG_ENOMEM;
     const int64_t *ip = idx ? (const int64_t *)idx + io : NULL;
     if (dtype == SG_F64) {
         err = pool_backward_f64(&q, mode, count_include_pad, (const double *)dy + dyo,

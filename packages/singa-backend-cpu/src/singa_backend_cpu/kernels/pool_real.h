@@ -324,7 +324,7 @@ POOL_INLINE void SG_R(gather)(sg_real *restrict d, const sg_real *restrict s, in
  * with a -inf element first, the index is looked for again), 0 for averages (an exact no-op in the sums, which never
  * are -0); then every output of the unit is one run of the row kernels over the taps in scan order (a few columns and,
  * between planes, rows computed in vain), with no edges to treat apart and no strided loads. */
-static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, int cip, const sg_real *x, int64_t np,
+static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, const sg_real *x, int64_t np,
                              int64_t oh0, int64_t R, sg_real *y, int64_t *ip, const SG_R(pscratch) *S) {
     const int64_t H = q->H, W = q->W, QW = P->QW, QR = P->QR, OW = q->OW, hw = H * W, ohw = q->OH * OW,
                   rows = R + P->exth, taps = q->kh * q->kw, sh = q->sh, sw = q->sw, nph = P->nph, BS = P->BS;
@@ -424,7 +424,7 @@ static void SG_R(lanes_unit)(const pgeom *q, const pplan *P, int mode, int cip, 
         } else {
             /* sums output by output, the lanes' doubles in registers across the taps (a pass a tap over the row's
              * doubles, as max_tile does, measured slower: each tap's load-add-store goes through L1) */
-            enum { GC = 64 / sizeof(sg_real) }; /* == G: pool.c's lanes_for */
+            enum { GC = 64 / sizeof(sg_real) }; /* == G: pool.c's plan_open */
             for (int64_t ow = 0; ow < OW; ow++) {
                 const sg_real *base = row + ow * sw * G;
                 double a[GC];
@@ -583,7 +583,7 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
                 SG_R(lanes_unit)(q, P, mode, cip, x + p0 * hw, np, y + p0 * ohw, ip, &S);
             } else if (P->phase) {
                 int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
-                SG_R(phase_unit)(q, P, mode, cip, x + p0 * hw, np, oh0, R, y + p0 * ohw, ip, &S);
+                SG_R(phase_unit)(q, P, mode, x + p0 * hw, np, oh0, R, y + p0 * ohw, ip, &S);
             } else if (np == POOL_GROUP && G == POOL_GROUP) {
                 if (mode == POOL_MAX)
                     SG_R(max_group)(q, P, x + p0 * hw, hw, y + p0 * ohw, idx ? idx + p0 * ohw : NULL, ohw);
