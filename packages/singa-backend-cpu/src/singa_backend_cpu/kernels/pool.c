@@ -132,7 +132,8 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
             /* the block's columns c whose element c * sw + b - pl lies inside [0, W): [c0, c1) */
             const int64_t c0 = sg_min64(p->QW, q->pl > b ? (q->pl - b + q->sw - 1) / q->sw : 0);
             p->c0[p->nph] = c0;
-            p->c1[p->nph] = sg_max64(c0, sg_min64(p->QW, q->W + q->pl > b ? (q->W + q->pl - b + q->sw - 1) / q->sw : 0));
+            const int64_t end = q->W + q->pl > b ? (q->W + q->pl - b + q->sw - 1) / q->sw : 0;
+            p->c1[p->nph] = sg_max64(c0, sg_min64(p->QW, end));
             slot[a * q->sw + b] = p->nph++;
         }
     if (q->sh == 1 && q->sw == 1 && plane_rows * p->QW > POOL_PHASE_FLAT) /* the flat runs read x where it is */

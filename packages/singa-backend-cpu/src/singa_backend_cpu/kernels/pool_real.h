@@ -6,12 +6,13 @@
  *  - small planes: a vector's width of them side by side, one a lane, padding filled in (lanes_unit);
  *  - most other shapes: phase copies, the input split by row and column position mod the strides, padding filled in,
  *    in which every window lies inside and every tap is one contiguous run over all outputs (phase_unit);
- *  - otherwise (windows nearly as large as the plane, windows with no element inside, large strides) a plane's outputs are split by how many of their window's taps lie inside the input. Output rows
- *    [RA, RB) have every tap row inside and output columns [A, B) every tap column, so the windows of that rectangle
- *    have all their taps inside: the row kernels run along each output row (input strided by the stride), or along
- *    the whole rectangle as one run (stride 1 with OW == W: flat). The other columns of those rows each run down the
- *    rows (input strided by sh * W) over their inside taps, the same kernels again; only the few rows above RA and
- *    below RB scan their edge windows one by one (max_plane, avg_plane);
+ *  - otherwise (windows nearly as large as the plane, windows with no element inside, large strides) a plane's outputs
+ *    are split by how many of their window's taps lie inside the input. Output rows [RA, RB) have every tap row inside
+ *    and output columns [A, B) every tap column, so the windows of that rectangle have all their taps inside: the row
+ *    kernels run along each output row (input strided by the stride), or along the whole rectangle as one run (stride 1
+ *    with OW == W: flat). The other columns of those rows each run down the rows (input strided by sh * W) over their
+ *    inside taps, the same kernels again; only the few rows above RA and below RB scan their edge windows one by one
+ *    (max_plane, avg_plane);
  *  - planes too narrow for those go POOL_GROUP at a time, window by window (max_group, avg_group).
  * Every path visits a window's taps in the same order, so an output does not depend on which path computed it. The
  * gradient of max pooling scatters dy to the forward's winners; that of averages adds each output's share to its
@@ -340,7 +341,7 @@ static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, const sg_
         c1[s] = P->c1[s];
         shift[s] = c0[s] * sw + P->pb[s] - q->pl;
     }
-    /* rows in the input's order (blocks by row phase first: pool.c), each input row's phases while it is in the cache */
+    /* rows in the input's order (blocks by row phase first: pool.c), an input row's phases while it is in the cache */
     for (int64_t g = 0; g < np; g++)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t s = 0; s < nph; s++) {
@@ -577,7 +578,8 @@ static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *
         for (int64_t u = 0; u < units; u++) {
             const int64_t p0 = u / per_plane * G, np = sg_min64(G, planes - p0);
             /* the unit's output rows [oh0, oh0 + R) of each of its planes */
-            const int64_t oh0 = P->phase ? u % per_plane * P->RC : 0, R = P->phase ? sg_min64(P->RC, q->OH - oh0) : q->OH;
+            const int64_t oh0 = P->phase ? u % per_plane * P->RC : 0;
+            const int64_t R = P->phase ? sg_min64(P->RC, q->OH - oh0) : q->OH;
             if (P->lanes) {
                 int64_t *ip = idx && mode == POOL_MAX ? idx + p0 * ohw : NULL;
                 SG_R(lanes_unit)(q, P, mode, cip, x + p0 * hw, np, y + p0 * ohw, ip, &S);
