@@ -118,6 +118,9 @@ def kernel_builder(path_name: str) -> FFI:
         isa.module_name(path.name),
         source,
         sources=[_relative(p) for p in sorted(glob.glob(os.path.join(KERNELS, "*.c")))],
+        # setuptools rebuilds a module only when a source or one of these is newer than it: without the headers, an
+        # edit to a *_real.h alone left the old module in place
+        depends=[_relative(p) for p in sorted(glob.glob(os.path.join(KERNELS, "*.h")))],
         include_dirs=[KERNELS, scipy_openblas32.get_include_dir()],
         library_dirs=[scipy_openblas32.get_lib_dir()],
         libraries=[scipy_openblas32.get_library()],
