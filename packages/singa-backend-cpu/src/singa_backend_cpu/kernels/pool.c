@@ -64,7 +64,7 @@ typedef struct {
      * is PG whole planes (RC == OH) or RC output rows of one plane; its blocks hold QR = RC + exth rows a plane. */
     int phase;
     int64_t QW, QR, RC, PG, BS, exth, nph;
-    int64_t *toff, *trow, *tcol; /* per tap k = i * kw + j: its offset in the blocks, i * dh and j * dw */
+    int64_t *toff;              /* per tap k = i * kw + j: its offset in the blocks */
     int64_t *pa, *pb, *c0, *c1;  /* per block used: its row and column phase, its columns inside the input */
     double *cpad, *cin; /* per output column: taps inside the padding, inside the input (the divisors' factors) */
 } pplan;
@@ -107,14 +107,12 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
     if (empty || q->sh > POOL_PHASE_STRIDE || q->sw > POOL_PHASE_STRIDE || p->QW < POOL_VEC_MIN ||
         plane_rows * p->QW > POOL_PHASE_WASTE * q->OH * q->OW)
         return SG_OK;
-    p->toff = (int64_t *)malloc((size_t)(3 * kk + 4 * q->sh * q->sw) * sizeof(int64_t));
+    p->toff = (int64_t *)malloc((size_t)(kk + 4 * q->sh * q->sw) * sizeof(int64_t));
     if (!p->toff) {
         plan_free(p);
         return SG_ENOMEM;
     }
-    p->trow = p->toff + kk;
-    p->tcol = p->trow + kk;
-    p->pa = p->tcol + kk;
+    p->pa = p->toff + kk;
     p->pb = p->pa + q->sh * q->sw;
     p->c0 = p->pb + q->sh * q->sw;
     p->c1 = p->c0 + q->sh * q->sw;
@@ -156,8 +154,6 @@ static int phase_open(const pgeom *q, pplan *p, int empty) {
         for (int64_t j = 0; j < q->kw; j++) {
             const int64_t k = i * q->kw + j, a = i * q->dh % q->sh, b = j * q->dw % q->sw;
             p->toff[k] = slot[a * q->sw + b] * p->BS + i * q->dh / q->sh * p->QW + j * q->dw / q->sw;
-            p->trow[k] = i * q->dh;
-            p->tcol[k] = j * q->dw;
         }
     p->phase = 1;
     return SG_OK;

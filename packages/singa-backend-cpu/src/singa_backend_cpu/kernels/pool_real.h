@@ -320,6 +320,19 @@ POOL_INLINE void SG_R(gather)(sg_real *restrict d, const sg_real *restrict s, in
     for (int64_t o = 0; o < n; o++) d[o] = s[o * SW];
 }
 
+/* The flat index in the plane xp of output (oh, ow)'s winning tap k (taps numbered i * kw + j): where the winner is a
+ * -inf of the padding (it came first and an element tied it), the window itself is scanned for its first maximum. */
+static inline int64_t SG_R(winner_index)(const pgeom *q, const pplan *P, const sg_real *xp, int64_t oh, int64_t ow,
+                                         int64_t k) {
+    const int64_t hb = oh * q->sh - q->pt, wb = ow * q->sw - q->pl;
+    const int64_t h = hb + k / q->kw * q->dh, w = wb + k % q->kw * q->dw;
+    if (h >= 0 && h < q->H && w >= 0 && w < q->W) return h * q->W + w;
+    sg_real v;
+    int64_t at;
+    SG_R(max_window)(q, xp, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb, wb, &v, &at);
+    return at;
+}
+
 /* Output rows [oh0, oh0 + R) of np planes (np <= PG; R == OH when PG > 1) through phase copies (pool.c: pplan):
  * the phase blocks are filled from the input, -inf around it for max pooling (it never beats an element; where it ties
  * with a -inf element first, the index is looked for again), 0 for averages (an exact no-op in the sums, which never
@@ -372,23 +385,11 @@ static void SG_R(phase_unit)(const pgeom *q, const pplan *P, int mode, const sg_
     }
     for (int64_t g = 0; g < np; g++)
         for (int64_t r = 0; r < R; r++) {
-            const int64_t o = (g * QR + r) * QW, oh = oh0 + r, hb = oh * q->sh - q->pt;
+            const int64_t o = (g * QR + r) * QW, oh = oh0 + r;
             memcpy(y + g * ohw + oh * OW, S->vals + o, (size_t)OW * sizeof(sg_real));
             if (!ip) continue;
-            int64_t *ir = ip + g * ohw + oh * OW, lost = 0;
-            const SG_R(ptap) *t = S->t + o;
-            for (int64_t ow = 0; ow < OW; ow++) {
-                const int64_t h = hb + P->trow[t[ow]], w = ow * q->sw - q->pl + P->tcol[t[ow]];
-                ir[ow] = h >= 0 && h < H && w >= 0 && w < W ? h * W + w : -1;
-                lost |= ir[ow];
-            }
-            if (lost >= 0) continue;
             for (int64_t ow = 0; ow < OW; ow++)
-                if (ir[ow] < 0) { /* a -inf of the padding came first: scan the window itself */
-                    sg_real v;
-                    SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
-                                     ow * q->sw - q->pl, &v, ir + ow);
-                }
+                ip[g * ohw + oh * OW + ow] = SG_R(winner_index)(q, P, x + g * hw, oh, ow, S->t[o + ow]);
         }
 }
 
@@ -437,11 +438,10 @@ static void SG_R(lanes_unit)(const pgeom *q, const pplan *P, int mode, int cip, 
                 for (int g = 0; g < GC; g++) S->acc[ow * G + g] = a[g];
             }
         }
-        const int64_t hb = oh * q->sh - pt;
         const int row_empty = P->tr.lo[oh] >= P->tr.hi[oh];
         const double rf = (double)(cip ? P->tr.padded[oh] : P->tr.hi[oh] - P->tr.lo[oh]);
         for (int64_t ow = 0; ow < OW; ow++) {
-            const int64_t o = oh * OW + ow, wb = ow * sw - pl;
+            const int64_t o = oh * OW + ow;
             if (row_empty || P->tc.lo[ow] >= P->tc.hi[ow]) { /* no tap inside: 0, and no winner */
                 for (int64_t g = 0; g < np; g++) {
                     y[g * ohw + o] = 0;
@@ -452,16 +452,8 @@ static void SG_R(lanes_unit)(const pgeom *q, const pplan *P, int mode, int cip, 
                 for (int64_t g = 0; g < np; g++) y[g * ohw + o] = (sg_real)(S->acc[ow * G + g] * r);
             } else {
                 for (int64_t g = 0; g < np; g++) y[g * ohw + o] = S->vals[ow * G + g];
-                for (int64_t g = 0; ip && g < np; g++) {
-                    const int64_t k = t[ow * G + g], h = hb + k / kw * q->dh, w = wb + k % kw * q->dw;
-                    if (h >= 0 && h < H && w >= 0 && w < W) {
-                        ip[g * ohw + o] = h * W + w;
-                    } else { /* a -inf of the padding came first: scan the window itself */
-                        sg_real v;
-                        SG_R(max_window)(q, x + g * hw, P->tr.lo[oh], P->tr.hi[oh], P->tc.lo[ow], P->tc.hi[ow], hb,
-                                         wb, &v, ip + g * ohw + o);
-                    }
-                }
+                for (int64_t g = 0; ip && g < np; g++)
+                    ip[g * ohw + o] = SG_R(winner_index)(q, P, x + g * hw, oh, ow, t[ow * G + g]);
             }
         }
     }
