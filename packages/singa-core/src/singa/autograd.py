@@ -222,7 +222,23 @@ def ctensor2numpy(x: Tensor) -> np.ndarray:
 # -- the graph ------------------------------------------------------------------------------------------------------
 
 
-class Operator:
+class _OperatorType(type):
+    """Operator's metaclass, for SINGA's class counter `Operator.op_count` alone: read from the id counter instead of
+    assigned at every construction (assigning a class attribute invalidates the interpreter's attribute caches of the
+    class and all its subclasses, which slowed every operator call)."""
+
+    @property
+    def op_count(cls) -> int:
+        """How many operators were created so far (their default names are numbered with it)."""
+        return _op_ids.__reduce__()[1][0]
+
+    @op_count.setter
+    def op_count(cls, value: int) -> None:
+        global _op_ids
+        _op_ids = itertools.count(int(value))
+
+
+class Operator(metaclass=_OperatorType):
     """An operation with a forward and a backward; calling it records the graph while `training` is True.
 
     Subclasses implement `forward(*xs)` (Tensors in, a Tensor or a tuple of Tensors out) and `backward(*dys)` (one
@@ -230,13 +246,9 @@ class Operator:
     tuple of output tensors.
     """
 
-    op_count = 0
-
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            n = next(_op_ids)
-            name = f"{type(self).__name__}#{n}"
-            Operator.op_count = n + 1
+            name = f"{type(self).__name__}#{next(_op_ids)}"
         self.name = name
         self.src: list = []
         self.requires_grad = False
@@ -311,18 +323,14 @@ class Operator:
         d["_src_meta"] = meta
         ys = self.forward(*xs)
         outs = tuple(ys) if isinstance(ys, (tuple, list)) else (ys,)
-        # An output object that is an input, a tensor kept by this op, or another op's output gets a fresh view
-        # object: setting `creator` on it must not rewrite someone else's tensor or make an op -> tensor -> op cycle.
-        taken = None
+        # Every output is handed out as a fresh view object: the object forward returned may be an input, a tensor
+        # this op keeps, or another op's output, and setting `creator` on it must not rewrite someone else's tensor
+        # or make an op -> tensor -> op cycle (a new view costs less than finding out).
         wrapped = []
         for i, y in enumerate(outs):
             if not isinstance(y, Tensor):
                 raise TypeError(f"{self.name}: forward returned {type(y).__name__} as output {i}, not a Tensor")
-            if taken is None:
-                taken = {id(x) for x in xs} | _saved_ids(self)
-            if id(y) in taken or y.creator is not None:
-                y = ops.reshape(y, y.shape)
-            taken.add(id(y))
+            y = ops.view_of(y)
             y.creator = self
             y.requires_grad = self.requires_grad
             y.stores_grad = False
@@ -361,18 +369,6 @@ def _holds_tensor(v: Any) -> bool:
 # what _do_forward records about every call (never a tensor saved for backward)
 _BOOKKEEPING = frozenset({"_init_keys", "_released", "_no_grad", "_req", "src", "_src_meta", "y_id2idx", "_y_meta",
                           "requires_grad", "name"})
-
-
-def _saved_ids(op: Operator) -> set:
-    out = set()
-    for k, v in op.__dict__.items():
-        if k in _BOOKKEEPING:
-            continue
-        if isinstance(v, Tensor):
-            out.add(id(v))
-        elif isinstance(v, (tuple, list)):
-            out.update(id(e) for e in v if isinstance(e, Tensor))
-    return out
 
 
 def _tensor_inputs(opname: str, xs: tuple) -> tuple:

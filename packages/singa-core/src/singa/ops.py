@@ -107,6 +107,11 @@ def _as_strided(x: Tensor, shape: tuple, strides: tuple, offset: int) -> Tensor:
     return _wrap(x.buffer, x.dtype, shape, strides, offset, x.device)
 
 
+def view_of(x: Tensor) -> Tensor:
+    """A new Tensor object over x's elements (same shape, strides and memory), with no creator and no name."""
+    return _wrap(x.buffer, x.dtype, x.shape, x.strides, x.offset, x.device)
+
+
 def as_strided(x: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int = 0) -> Tensor:
     """A view of x's memory with the given layout (elements); the caller keeps it inside x's buffer."""
     return _as_strided(x, tuple(int(d) for d in shape), tuple(int(s) for s in strides), int(offset))
