@@ -602,6 +602,20 @@ logical_not = _make_unary("logical_not")
 def axpby(alpha: float, a: Tensor, beta: float, b: Tensor, out: Tensor | None = None) -> Tensor:
     """alpha * a + beta * b in one pass over memory (numpy broadcasting; float dtypes). `out` may be `a` or `b`
     itself: `axpby(m, buf, 1.0, g, out=buf)` is an in-place momentum update."""
+    if a.__class__ is Tensor and b.__class__ is Tensor:  # an optimizer's update: same-shape float operands
+        shape, dt, dev = a.shape, a.dtype, a.device
+        if b.shape == shape and b.dtype == dt and b.device is dev and dt in _FLOATS:
+            strides, n = _META.get(shape) or _meta(shape)
+            if out is None:
+                r = _empty(shape, dt, dev)
+            elif (out is a or out is b) and out.strides == strides and (a is b or a.buffer is not b.buffer):
+                r = out  # in place: the other operand is the same view or lies in another buffer
+            else:
+                r = None
+            if r is not None:
+                if n:
+                    (_TABLES.get(dev) or _table(dev))["axpby"](r, a, b, alpha=float(alpha), beta=float(beta))
+                return r
     _tensor("axpby", a)
     _tensor("axpby", b)
     return binary("axpby", a, b, out, alpha, beta)

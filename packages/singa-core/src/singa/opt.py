@@ -131,6 +131,9 @@ def _one_minus(a: Any) -> Any:
     return 1.0 - a if isinstance(a, float) else ops.sub(1.0, a)
 
 
+_PLAIN_DTYPES = (_dt.float32, _dt.float64)  # SGD's plain rule updates these in place (float16 goes through a master)
+
+
 def _combine(a: Any, x: Tensor, b: Any, y: Tensor, out: Tensor | None = None) -> Tensor:
     """a * x + b * y (a, b numbers or 0-d tensors): one kernel when both are numbers."""
     if isinstance(a, float) and isinstance(b, float):
@@ -628,6 +631,12 @@ class SGD(Optimizer):
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
+        buf = self._plain_momentum(p, param_grad)
+        if buf is not None:  # the common rule, after the first step: two passes, none of the general checks
+            mom = self.momentum.init_value
+            ops.axpby(mom, buf, 1.0, param_grad, out=buf)
+            ops.axpby(1.0, p, -self.lr.init_value, buf, out=p)
+            return
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
         lr = self._hyper("lr", w)
         g = self._decayed(w, g)
@@ -641,6 +650,25 @@ class SGD(Optimizer):
             g = _combine(1.0, g, mom, buf) if self.nesterov else buf
         self._descend(w, g, lr)
         self._end(p, w, saved)
+
+    def _plain_momentum(self, p: Tensor, g: Tensor) -> Tensor | None:
+        """The momentum buffer of `p` when this update is the plain rule (constant lr and momentum > 0, no dampening,
+        weight decay, Nesterov, loss scaling or float16 master) on a float32/float64 parameter with a gradient of its
+        shape, dtype and device that has been updated before on this device; else None (the general path)."""
+        if (type(self.lr) is not Constant or type(self.momentum) is not Constant or self.nesterov
+                or type(self.dampening) is not Constant or self.dampening.init_value != 0
+                or self.weight_decay.init_value != 0 or self.momentum.init_value == 0 or self._ok is not None
+                or self._unscaled or p.__class__ is not Tensor or g.__class__ is not Tensor):
+            return None
+        st = self._states.get(id(p))
+        if st is None or st.param is not p or "master" in st.tensors or self._device is not p.device:
+            return None
+        buf = st.tensors.get("moments")
+        if (buf is None or g.shape != p.shape or g.dtype != p.dtype or g.device is not p.device
+                or buf.dtype != p.dtype or p.dtype not in _PLAIN_DTYPES):
+            return None
+        graph.set_phase("update")
+        return buf
 
     def _damp(self, dev: Device) -> Tensor:
         # 1 at the first step (the buffer starts as the gradient itself), 1 - dampening afterwards
