@@ -349,10 +349,11 @@ class Operator(metaclass=_OperatorType):
 
     def _release(self) -> None:
         """Drop the tensors forward saved for backward (memory); constructor arguments stay."""
-        keep = self.__dict__.get("_init_keys", ())
-        for k in [k for k, v in self.__dict__.items() if k not in keep and _holds_tensor(v)]:
-            del self.__dict__[k]
-        self.__dict__["_released"] = True
+        d = self.__dict__
+        for k in d.keys() - d.get("_init_keys", ()):
+            if _holds_tensor(d[k]):
+                del d[k]
+        d["_released"] = True
 
 
 Operation = Operator
@@ -446,6 +447,24 @@ def infer_dependency(op: Operator) -> tuple:
     return op_count, tensor_count
 
 
+def _pending_outputs(root: Operator) -> dict:
+    """infer_dependency's operator counts alone, in a plain dict: how many gradients each operator waits for."""
+    count: dict = {}
+    stack = [root]
+    seen = {root}
+    while stack:
+        cur = stack.pop()
+        if not cur.requires_grad:
+            continue
+        for src in cur.src:
+            op = src[0]
+            count[op] = count.get(op, 0) + 1
+            if op not in seen:
+                seen.add(op)
+                stack.append(op)
+    return count
+
+
 class _GradDict(dict):
     """{id(param): grad}, as SINGA documents `gradients`; indexing with the tensor itself works as well."""
 
@@ -522,7 +541,7 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
     if root.__dict__.get("_no_grad"):
         raise RuntimeError(f"backward: {root.name} ran while autograd.training was False, so the forward pass kept "
                            "nothing for a backward pass; set autograd.training = True (model.train()) before it")
-    op_dep, _ = infer_dependency(root)
+    op_dep = _pending_outputs(root)
     grads: dict = {root: {root.y_id2idx.get(id(y), 0): dy}}  # op -> {output index: summed gradient}
     wanted: dict = {}  # op -> {output index: tensor with stores_grad}
     if y.stores_grad:

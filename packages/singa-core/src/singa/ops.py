@@ -473,8 +473,16 @@ def _make_binary(name: str):
             dev = a.device
             bc = b.__class__
             if bc is Tensor:
-                if b.shape != shape or b.dtype != dt or b.device is not dev or dt not in ok:
+                if b.dtype != dt or b.device is not dev or dt not in ok:
                     return binary(name, a, b, out)
+                if b.shape != shape:
+                    nb = len(b.shape)
+                    if not nb or nb > len(shape) or b.shape != shape[-nb:] or (out is not None and out is not a):
+                        return binary(name, a, b, out)
+                    if out is a and (out_bool or b.buffer is a.buffer
+                                     or a.strides != (_META.get(shape) or _meta(shape))[0]):
+                        return binary(name, a, b, out)
+                    b = _bview(b, shape)  # b repeated over a's leading axes (a bias added to every row)
                 alpha = None
             elif (bc is float or bc is int) and sname is not None and dt in _FLOATS:
                 alpha = -float(b) if negate else float(b)  # tensor OP python scalar: the scalar kernel
@@ -754,6 +762,9 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
 
 
 def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
+    if x.__class__ is Tensor and len(x.shape) == 2 and a in (-1, 1, -2, 0) and b in (-1, 1, -2, 0) and a % 2 != b % 2:
+        (r, c), (sr, sc) = x.shape, x.strides  # a matrix transposed (every matrix product's gradient)
+        return _wrap(x.buffer, x.dtype, (c, r), (sc, sr), x.offset, x.device)
     nd = len(x.shape)
     a, b = _axis("swapaxes", a, nd, x.shape), _axis("swapaxes", b, nd, x.shape)
     perm = list(range(nd))
@@ -990,6 +1001,20 @@ def setitem(x: Tensor, key: Any, value: Any) -> None:
 
 
 def _reduce(op: str, kname: str, x: Tensor, axis: Any, keepdims: bool, allowed, empty_value: Any) -> Tensor:
+    if not keepdims and x.__class__ is Tensor and x.dtype in allowed and (axis is None or axis.__class__ is int):
+        shape = x.shape
+        nd = len(shape)
+        strides, n = _META.get(shape) or _meta(shape)
+        if n and nd and x.strides == strides and (axis is None or -nd <= axis < nd):  # a bias gradient, a mean
+            if axis is None:
+                axes, oshape = tuple(range(nd)), ()
+            else:
+                axis %= nd
+                axes, oshape = (axis,), shape[:axis] + shape[axis + 1:]
+            dev = x.device
+            r = _empty(oshape, x.dtype, dev)
+            (_TABLES.get(dev) or _table(dev))[kname](r, x, axes=axes)
+            return r
     _tensor(op, x)
     _supported(op, x.dtype, allowed)
     axes = _axes(op, axis, x.shape)
