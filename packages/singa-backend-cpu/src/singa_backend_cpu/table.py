@@ -184,12 +184,16 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
     views = (out, a, b)
     if not (a.dtype == b.dtype == out.dtype):
         raise _dtype_error("matmul", views, FLOATS + (I32, I64))
-    a, b = _contiguous(a), _contiguous(b)
+    if a.strides != _layout(a.shape)[0]:
+        a = _contiguous(a)
+    if b.strides != _layout(b.shape)[0]:
+        b = _contiguous(b)
     batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", (out, a, b), trans_a, trans_b, _layout(out.shape)[0])
     status = lib.sg_matmul(a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle,
                            out.offset, batch, ba, bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0,
                            alpha, beta)
-    _check(status, "matmul", views)
+    if status:
+        _check(status, "matmul", views)
 
 
 def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Callable[[], None] | None:

@@ -96,6 +96,21 @@ class View:
         self.offset = offset
 
 
+_new_object = object.__new__
+
+
+def make_view(buffer: Buffer, dtype: int, shape: tuple, strides: tuple, offset: int) -> View:
+    """View(...) without the constructor's conversions: `shape` and `strides` must already be tuples of ints (the
+    per-op hot paths build them so)."""
+    v = _new_object(View)
+    v.buffer = buffer
+    v.dtype = dtype
+    v.shape = shape
+    v.strides = strides
+    v.offset = offset
+    return v
+
+
 def contiguous_strides(shape: tuple) -> tuple:
     strides = []
     s = 1

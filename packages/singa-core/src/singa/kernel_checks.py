@@ -26,10 +26,25 @@ def _batched(shape: tuple) -> tuple[int, int, int]:
     return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
+_MATMUL_DIMS: dict = {}  # what matmul_dims returned for a key of everything it reads (a model repeats its products)
+
+
 def matmul_dims(backend: str, views: tuple, trans_a, trans_b, out_strides: tuple) -> tuple[int, int, int, int, int,
                                                                                              int]:
     """(batch, ba, bb, m, n, k) of matmul(out, a, b): a is (ba, m, k) (or (ba, k, m) transposed), b (bb, k, n), out
     (batch, m, n) with ba, bb in {1, batch}; `out_strides` are the contiguous strides out must have."""
+    out, a, b = views
+    key = (a.shape, b.shape, out.shape, out.strides, bool(trans_a), bool(trans_b), out_strides)
+    dims = _MATMUL_DIMS.get(key)
+    if dims is None:
+        dims = _matmul_dims(backend, views, trans_a, trans_b, out_strides)
+        if len(_MATMUL_DIMS) >= 4096:
+            _MATMUL_DIMS.clear()
+        _MATMUL_DIMS[key] = dims
+    return dims
+
+
+def _matmul_dims(backend: str, views: tuple, trans_a, trans_b, out_strides: tuple) -> tuple:
     out, a, b = views
     try:
         ba, ar, ac = _batched(a.shape)

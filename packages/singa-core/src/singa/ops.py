@@ -34,7 +34,7 @@ import numpy as np
 
 from singa import dtypes as _dt
 from singa import graph as _graph
-from singa.backend import Device, View
+from singa.backend import Device, View, make_view
 from singa.expressions import TABLE as _TABLE
 from singa.kernel_checks import FUSED_ACTIVATIONS as _FUSED_ACTIVATIONS
 from singa.tensor import Tensor
@@ -1127,9 +1127,9 @@ def _plain_matrix(t: Tensor, r: int, c: int) -> tuple[View, bool] | None:
     """A 2-D t (r, c) as the kernel's (1, r, c) view when row-major, (1, c, r) with trans when it is a transposed
     row-major matrix; None for any other layout."""
     if t.strides == (c, 1):
-        return View(t.buffer, t.dtype, (1, r, c), (r * c, c, 1), t.offset), False
+        return make_view(t.buffer, t.dtype, (1, r, c), (r * c, c, 1), t.offset), False
     if t.strides == (1, r):
-        return View(t.buffer, t.dtype, (1, c, r), (r * c, r, 1), t.offset), True
+        return make_view(t.buffer, t.dtype, (1, c, r), (r * c, r, 1), t.offset), True
     return None
 
 
@@ -1147,8 +1147,8 @@ def _matrix_product(a: Tensor, b: Tensor, alpha: Any) -> Tensor | None:
     if pa is None or pb is None:
         return None
     target = _empty((m, n), dt, dev)
-    _table(dev)["matmul"](View(target.buffer, dt, (1, m, n), (m * n, n, 1), 0), pa[0], pb[0], trans_a=pa[1],
-                          trans_b=pb[1], alpha=float(alpha), beta=0.0)
+    (_TABLES.get(dev) or _table(dev))["matmul"](make_view(target.buffer, dt, (1, m, n), (m * n, n, 1), 0), pa[0],
+                                                 pb[0], trans_a=pa[1], trans_b=pb[1], alpha=float(alpha), beta=0.0)
     return target
 
 
