@@ -832,6 +832,12 @@ def _reshape_strides(old: tuple, ostrides: tuple, new: tuple) -> tuple | None:
 
 def reshape(x: Tensor, shape: Sequence[int] | int) -> Tensor:
     """A view of the new shape when the layout allows it (always for contiguous x), else a reshaped copy."""
+    if x.__class__ is Tensor and shape.__class__ is tuple:  # a shape of ints seen before, over contiguous x
+        new = _META.get(shape)
+        if new is not None:
+            old = _META.get(x.shape) or _meta(x.shape)
+            if new[1] == old[1] and x.strides == old[0] and all(d.__class__ is int for d in shape):
+                return _wrap(x.buffer, x.dtype, shape, new[0], x.offset, x.device)
     _tensor("reshape", x)
     n = math.prod(x.shape)
     shape = _infer_shape("reshape", shape, n, x.shape)
