@@ -271,6 +271,47 @@ static inline void pool_gather2_f32(float *restrict d, const float *restrict s, 
 }
 #endif
 
+#if defined(__AVX512F__)
+/* Max pooling 2x2 / 2 of one output row, float32: rows r0 and r1 of the input, n outputs, 16 at a time (the even and
+ * odd columns of a pair of loads separated by permutes), with masks for the last ones; reads no element past
+ * r0[2n - 1]. The taps in scan order under max_window's rule; ix (when given) gets the winner's flat index, `at` being
+ * that of r0[0] in the plane and W the row length. */
+static inline void pool_pairs_f32(const float *restrict r0, const float *restrict r1, int64_t n, float *restrict y,
+                                  int64_t *restrict ix, int64_t at, int64_t W) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i one = _mm512_set1_epi32(1), down = _mm512_set1_epi32((int)W), diag = _mm512_set1_epi32((int)W + 1);
+    for (int64_t o = 0; o < n; o += 16) {
+        const int64_t m = sg_min64(16, n - o), need = 2 * m;
+        const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
+        const __mmask16 hi = need > 16 ? (__mmask16)((1u << (need - 16)) - 1) : 0;
+        const __m512 a0 = _mm512_maskz_loadu_ps(lo, r0 + 2 * o), b0 = _mm512_maskz_loadu_ps(hi, r0 + 2 * o + 16);
+        const __m512 a1 = _mm512_maskz_loadu_ps(lo, r1 + 2 * o), b1 = _mm512_maskz_loadu_ps(hi, r1 + 2 * o + 16);
+        const __m512 taps[3] = {_mm512_permutex2var_ps(a0, odd, b0), _mm512_permutex2var_ps(a1, even, b1),
+                                _mm512_permutex2var_ps(a1, odd, b1)};
+        const __m512i offs[3] = {one, down, diag};
+        __m512 best = _mm512_permutex2var_ps(a0, even, b0);
+        __m512i t = _mm512_setzero_si512();
+        for (int k = 0; k < 3; k++) { /* take v when !(v <= best) and best is not a NaN */
+            const __mmask16 take = _mm512_cmp_ps_mask(taps[k], best, _CMP_NLE_UQ) &
+                                   _mm512_cmp_ps_mask(best, best, _CMP_EQ_OQ);
+            best = _mm512_mask_mov_ps(best, take, taps[k]);
+            t = _mm512_mask_mov_epi32(t, take, offs[k]);
+        }
+        _mm512_mask_storeu_ps(y + o, (__mmask16)((1u << m) - 1), best);
+        if (ix) {
+            const __m512i base = _mm512_add_epi64(_mm512_set1_epi64(at + 2 * o), lane2);
+            const __m512i i0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(t)), base);
+            const __m512i i1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(t, 1)),
+                                                _mm512_add_epi64(base, _mm512_set1_epi64(16)));
+            _mm512_mask_storeu_epi64(ix + o, (__mmask8)(m >= 8 ? 0xFF : (1u << m) - 1), i0);
+            if (m > 8) _mm512_mask_storeu_epi64(ix + o + 8, (__mmask8)((1u << (m - 8)) - 1), i1);
+        }
+    }
+}
+#endif
+
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"
 

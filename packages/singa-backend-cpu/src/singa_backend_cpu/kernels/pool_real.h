@@ -522,8 +522,32 @@ static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_re
     }
 }
 
+#if defined(__AVX512F__)
+/* Max pooling 2x2 with stride 2, every window inside the input and dilation 1 (the pooling of most training CNNs),
+ * float32: output row oh of a plane reads input rows 2 oh and 2 oh + 1 in place, no plan and no copies
+ * (pool_pairs_f32). Elsewhere (float64, CPUs without AVX-512) the general paths below, whose compiled loops beat a
+ * scalar one here. */
+static void SG_R(max_pairs)(const pgeom *q, const sg_real *x, sg_real *y, int64_t *idx) {
+    const int64_t H = q->H, W = q->W, OH = q->OH, OW = q->OW, rows = q->N * q->C * OH;
+    const int T = sg_threads_for(rows * OW * 4, 1 << 15);
+#pragma omp parallel for num_threads(T) if (T > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t at = 2 * (r % OH) * W;
+        const float *r0 = (const float *)(x + r / OH * H * W + at);
+        pool_pairs_f32(r0, r0 + W, OW, (float *)(y + r * OW), idx ? idx + r * OW : NULL, at, W);
+    }
+}
+#endif
+
 static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
                               const pplan *P) {
+#if defined(__AVX512F__)
+    if (sizeof(sg_real) == sizeof(float) && mode == POOL_MAX && q->kh == 2 && q->kw == 2 && q->sh == 2 &&
+        q->sw == 2 && q->pt == 0 && q->pl == 0 && q->OH == q->H / 2 && q->OW == q->W / 2) {
+        SG_R(max_pairs)(q, x, y, idx);
+        return SG_OK;
+    }
+#endif
     const int64_t planes = q->N * q->C, ohw = q->OH * q->OW, hw = q->H * q->W;
     const int T = sg_threads_for(planes * ohw * q->kh * q->kw, 1 << 15);
     /* units of work: phase copies (PG planes, or RC rows of a plane), single planes, or groups of POOL_GROUP small
