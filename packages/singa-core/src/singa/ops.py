@@ -158,6 +158,11 @@ def _device_dtype(op: str, dtype: int, device: Device) -> None:
 
 def empty(shape: Sequence[int], dtype: int = float32, device: Device | None = None) -> Tensor:
     """An uninitialised contiguous tensor."""
+    if shape.__class__ is tuple and device is not None and dtype.__class__ is int:  # a shape seen before
+        m = _META.get(shape)
+        if m is not None and m[1] <= 1 << 24 and dtype in device.dtypes and all(d.__class__ is int for d in shape):
+            # (larger tensors take alloc_for, which names the shape when the device cannot give the memory)
+            return _wrap(device.alloc(m[1] * _ITEMSIZE[dtype]), dtype, shape, m[0], 0, device)
     shape = _shape_arg("empty", shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"empty: negative dimension in shape {shape}")
@@ -710,6 +715,10 @@ def contiguous(x: Tensor) -> Tensor:
 
 def fill(x: Tensor, value: Any) -> Tensor:
     """Set every element of x (any layout) to value, in place; returns x."""
+    if x.__class__ is Tensor and x.dtype in _FLOATS and value.__class__ in (float, int):
+        if (_META.get(x.shape) or _meta(x.shape))[1]:
+            (_TABLES.get(x.device) or _table(x.device))["fill"](x, value=float(value))
+        return x
     _tensor("fill", x)
     if (_META.get(x.shape) or _meta(x.shape))[1]:
         _table(x.device)["fill"](x, value=_scalar("fill", value, x.dtype))
