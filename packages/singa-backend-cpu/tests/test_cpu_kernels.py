@@ -825,7 +825,7 @@ def test_pool2d_forward_and_backward(case, dt):
 # The forward's paths (pool_real.h): phase copies for large planes taken a few rows at a time, for mid-sized planes
 # several at a time, and with strides 1 to 3, dilation and padding; the row and column runs for windows that do not
 # overlap; small planes side by side in vector lanes (full and partial groups of 16 or 8, windows in the padding alone);
-# 2x2 / 2 windows read in place.
+# stride-2 windows that all lie inside, read in place.
 POOL_PATH_CASES = [
     (2, 21, 14, 14, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # lanes: 42 planes, two full groups and a partial one
     (1, 20, 6, 7, (3, 2), (2, 1), (2, 1, 2, 0), (2, 1)),  # lanes: dilation, stride 2 rows, asymmetric padding
@@ -840,6 +840,9 @@ POOL_PATH_CASES = [
     (2, 3, 8, 37, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 18 outputs a row: a full vector and a masked tail
     (1, 2, 6, 64, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 32 a row: two full vectors
     (1, 2, 8, 10, (2, 2), (2, 2), (0, 0, 1, 1), (1, 1)),  # bottom / right padding no window reaches
+    # other windows with stride 2, every one inside: pool_stride2_f32 in place (the first case's 111x111 as well)
+    (2, 3, 9, 41, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # 20 outputs a row: a masked tail of 4
+    (1, 2, 7, 40, (3, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # an oblong window
     (1, 3, 7, 7, (7, 7), (1, 1), (0, 0, 0, 0), (1, 1)),  # one window a plane
     (1, 2, 300, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # tall and narrow
 ]

@@ -312,6 +312,51 @@ static inline void pool_pairs_f32(const float *restrict r0, const float *restric
 }
 #endif
 
+#if defined(__AVX512F__)
+/* Max pooling with stride 2 of one output row, float32: kh x kw windows whose corner is at input (2 oh, 2 ow), every
+ * tap inside; r0 is row 2 oh, W the row length, `at` r0[0]'s flat index in the plane. n outputs, 16 at a time: tap
+ * (i, j) of 16 outputs is every other element of row i from column 2o + j (two masked loads and a permute), so no
+ * load reaches past the last tap. The taps in scan order under max_window's rule (the first maximum wins, a NaN beats
+ * everything and the first NaN stays); ix (when given) gets the winner's flat index. */
+static inline void pool_stride2_f32(const float *r0, int64_t W, int64_t kh, int64_t kw, int64_t n,
+                                    float *restrict y, int64_t *restrict ix, int64_t at) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int64_t o = 0; o < n; o += 16) {
+        const int64_t m = sg_min64(16, n - o), need = 2 * m - 1; /* elements of a tap's run: s[0 .. need) */
+        const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
+        const __mmask16 hi = need > 16 ? (__mmask16)((1u << (need - 16)) - 1) : 0;
+        __m512 best = _mm512_setzero_ps();
+        __m512i t = _mm512_setzero_si512();
+        for (int64_t i = 0; i < kh; i++) {
+            for (int64_t j = 0; j < kw; j++) {
+                const float *s = r0 + i * W + 2 * o + j;
+                const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo, s), even,
+                                                        _mm512_maskz_loadu_ps(hi, s + 16));
+                if (i == 0 && j == 0) {
+                    best = v;
+                    continue;
+                }
+                /* take v when !(v <= best) and best is not a NaN */
+                const __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_NLE_UQ) &
+                                       _mm512_cmp_ps_mask(best, best, _CMP_EQ_OQ);
+                best = _mm512_mask_mov_ps(best, take, v);
+                t = _mm512_mask_mov_epi32(t, take, _mm512_set1_epi32((int)(i * W + j)));
+            }
+        }
+        _mm512_mask_storeu_ps(y + o, (__mmask16)((1u << m) - 1), best);
+        if (ix) {
+            const __m512i base = _mm512_add_epi64(_mm512_set1_epi64(at + 2 * o), lane2);
+            const __m512i i0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(t)), base);
+            const __m512i i1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(t, 1)),
+                                                _mm512_add_epi64(base, _mm512_set1_epi64(16)));
+            _mm512_mask_storeu_epi64(ix + o, (__mmask8)(m >= 8 ? 0xFF : (1u << m) - 1), i0);
+            if (m > 8) _mm512_mask_storeu_epi64(ix + o + 8, (__mmask8)((1u << (m - 8)) - 1), i1);
+        }
+    }
+}
+#endif
+
 #define SG_REAL_TEMPLATE "pool_real.h"
 #include "real.h"
 

@@ -523,18 +523,28 @@ static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_re
 }
 
 #if defined(__AVX512F__)
-/* Max pooling 2x2 with stride 2, every window inside the input and dilation 1 (the pooling of most training CNNs),
- * float32: output row oh of a plane reads input rows 2 oh and 2 oh + 1 in place, no plan and no copies
- * (pool_pairs_f32). Elsewhere (float64, CPUs without AVX-512) the general paths below, whose compiled loops beat a
- * scalar one here. */
-static void SG_R(max_pairs)(const pgeom *q, const sg_real *x, sg_real *y, int64_t *idx) {
+/* Max pooling with stride 2 and dilation 1 whose every window lies inside the input (no padding reached): 2x2 / 2 of
+ * most training CNNs, 3x3 / 2 of AlexNet and SqueezeNet. float32: each output row reads its kh input rows in place
+ * (pool_stride2_f32), no plan and no copies. Elsewhere (float64, CPUs without AVX-512) the general paths below. */
+static int SG_R(stride2_inside)(const pgeom *q) {
+    return sizeof(sg_real) == sizeof(float) && q->sh == 2 && q->sw == 2 && q->dh == 1 && q->dw == 1 && q->pt == 0 &&
+           q->pl == 0 && q->kh * q->kw >= 2 && 2 * (q->OH - 1) + q->kh <= q->H && 2 * (q->OW - 1) + q->kw <= q->W &&
+           q->kh * q->W < ((int64_t)1 << 31);
+}
+
+static void SG_R(max_stride2)(const pgeom *q, const sg_real *x, sg_real *y, int64_t *idx) {
     const int64_t H = q->H, W = q->W, OH = q->OH, OW = q->OW, rows = q->N * q->C * OH;
-    const int T = sg_threads_for(rows * OW * 4, 1 << 15);
+    const int T = sg_threads_for(rows * OW * q->kh * q->kw, 1 << 15);
 #pragma omp parallel for num_threads(T) if (T > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t at = 2 * (r % OH) * W;
         const float *r0 = (const float *)(x + r / OH * H * W + at);
-        pool_pairs_f32(r0, r0 + W, OW, (float *)(y + r * OW), idx ? idx + r * OW : NULL, at, W);
+        float *yr = (float *)(y + r * OW);
+        int64_t *ir = idx ? idx + r * OW : NULL;
+        if (q->kh == 2 && q->kw == 2) /* both taps of a row from one pair of loads */
+            pool_pairs_f32(r0, r0 + W, OW, yr, ir, at, W);
+        else
+            pool_stride2_f32(r0, W, q->kh, q->kw, OW, yr, ir, at);
     }
 }
 #endif
@@ -542,9 +552,8 @@ static void SG_R(max_pairs)(const pgeom *q, const sg_real *x, sg_real *y, int64_
 static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
                               const pplan *P) {
 #if defined(__AVX512F__)
-    if (sizeof(sg_real) == sizeof(float) && mode == POOL_MAX && q->kh == 2 && q->kw == 2 && q->sh == 2 &&
-        q->sw == 2 && q->pt == 0 && q->pl == 0 && q->OH == q->H / 2 && q->OW == q->W / 2) {
-        SG_R(max_pairs)(q, x, y, idx);
+    if (mode == POOL_MAX && SG_R(stride2_inside)(q)) {
+        SG_R(max_stride2)(q, x, y, idx);
         return SG_OK;
     }
 #endif
