@@ -1123,6 +1123,36 @@ def test_custom_operator_in_singa_style():
     assert x.data is x
 
 
+def test_op_count_numbers_the_default_names():
+    # SINGA's class counter: every operator created advances it, and a default name carries the number it got
+    before = autograd.Operator.op_count
+    ops_made = [autograd.ReLU(), autograd.Add(), autograd.Operator()]
+    assert autograd.Operator.op_count == before + 3
+    assert [op.name for op in ops_made] == [f"ReLU#{before}", f"Add#{before + 1}", f"Operator#{before + 2}"]
+    assert autograd.Operator("given").name == "given" and autograd.Operator.op_count == before + 3
+    autograd.Operator.op_count = 1000  # a script may reset it
+    assert autograd.ReLU().name == "ReLU#1000" and autograd.Operator.op_count == 1001
+
+
+def test_outputs_are_fresh_tensors_whatever_forward_returns():
+    # forward may return its input or a tensor it keeps; the caller still gets a new object whose creator is the op,
+    # and the input's own creator is left alone
+    class Same(autograd.Operator):
+        def forward(self, x):
+            self.kept = x
+            return x
+
+        def backward(self, dy):
+            return dy
+
+    x = _param([1.0, -2.0])
+    op = Same()
+    y = op(x)[0]
+    assert y is not x and y.creator is op and x.creator is not op
+    assert y.buffer is x.buffer and y.shape == x.shape and y.strides == x.strides
+    np.testing.assert_array_equal(tensor.to_numpy(autograd.gradients(A.reduce_sum(y, None, 0))[x]), [1, 1])
+
+
 def test_infer_dependency_counts_uses():
     x = _param([1.0])
     h = A.exp(x)

@@ -2,7 +2,10 @@
  *
  * The row kernels (max_taps, sum_taps, max_tile, sum_tile) take the taps (i, j) of the windows one at a time, in the
  * window's scan order, each in one loop over many outputs at once, without bounds checks, which the compiler
- * vectorises. The forward pass feeds them one of four ways, chosen per call (pool.c: plan_open):
+ * vectorises. Max pooling with stride 2 whose windows all lie inside the input (2x2 / 2 of training CNNs, 3x3 / 2 of
+ * AlexNet and SqueezeNet) reads its rows in place with AVX-512 in float32 (max_stride2: pool.c's pool_pairs_f32 and
+ * pool_stride2_f32). Otherwise the forward pass feeds the row kernels one of four ways, chosen per call (pool.c:
+ * plan_open):
  *  - small planes: a vector's width of them side by side, one a lane, padding filled in (lanes_unit);
  *  - most other shapes: phase copies, the input split by row and column position mod the strides, padding filled in,
  *    in which every window lies inside and every tap is one contiguous run over all outputs (phase_unit);
