@@ -1129,9 +1129,11 @@ def test_op_count_numbers_the_default_names():
     ops_made = [autograd.ReLU(), autograd.Add(), autograd.Operator()]
     assert autograd.Operator.op_count == before + 3
     assert [op.name for op in ops_made] == [f"ReLU#{before}", f"Add#{before + 1}", f"Operator#{before + 2}"]
-    assert autograd.Operator("given").name == "given" and autograd.Operator.op_count == before + 3
+    assert autograd.Operator("given").name == "given"
+    assert autograd.Operator.op_count == before + 3
     autograd.Operator.op_count = 1000  # a script may reset it
-    assert autograd.ReLU().name == "ReLU#1000" and autograd.Operator.op_count == 1001
+    assert autograd.ReLU().name == "ReLU#1000"
+    assert autograd.Operator.op_count == 1001
 
 
 def test_outputs_are_fresh_tensors_whatever_forward_returns():
@@ -1148,8 +1150,11 @@ def test_outputs_are_fresh_tensors_whatever_forward_returns():
     x = _param([1.0, -2.0])
     op = Same()
     y = op(x)[0]
-    assert y is not x and y.creator is op and x.creator is not op
-    assert y.buffer is x.buffer and y.shape == x.shape and y.strides == x.strides
+    assert y is not x
+    assert y.creator is op
+    assert x.creator is not op
+    assert y.buffer is x.buffer
+    assert (y.shape, y.strides) == (x.shape, x.strides)
     np.testing.assert_array_equal(tensor.to_numpy(autograd.gradients(A.reduce_sum(y, None, 0))[x]), [1, 1])
 
 

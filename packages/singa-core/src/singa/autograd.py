@@ -357,6 +357,7 @@ class Operator(metaclass=_OperatorType):
 
 
 Operation = Operator
+_do_backward = Operator._do_backward
 
 
 def _holds_tensor(v: Any) -> bool:
@@ -553,7 +554,7 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
     while ready:
         op = ready.pop()
         g = grads.pop(op, None) or {}
-        is_leaf = isinstance(op, Dummy)
+        is_leaf = op.__class__ is Dummy or isinstance(op, Dummy)
         w = wanted.pop(op, None)
         if w:
             for i, t in w.items():
@@ -564,21 +565,28 @@ def _backward(y: Tensor, dy: Tensor, owned: bool, retain_graph: bool) -> Iterato
                     yield t, gi
         if is_leaf or not op.requires_grad:
             continue
-        if op.__dict__.get("_released"):
+        od = op.__dict__
+        if od.get("_released"):
             raise RuntimeError(f"{op.name}: backward through this graph a second time; its saved tensors were "
                                "released by an earlier backward with retain_graph=False (an optimizer's opt(loss) "
                                "releases them after its update: back-propagate yourself first, then call opt(loss))")
-        meta = op.__dict__.get("_src_meta") or [(0, True, None)] * len(op.src)
+        meta = od.get("_src_meta") or [(0, True, None)] * len(op.src)
         if g:
-            ymeta = op.__dict__.get("_y_meta") or []
-            dys = []
-            for i in range(builtins.max(len(ymeta), 1)):
-                d = g.get(i)
-                if d is None:  # an unused output of a multi-output op: a zero gradient
-                    shape, dt, dev = ymeta[i]
-                    d = ops.full(shape, 0, dt, dev)
-                dys.append(d)
-            dxs = op._do_backward(*dys)
+            ymeta = od.get("_y_meta") or ()
+            if len(ymeta) <= 1 and 0 in g:  # one output (most operators)
+                dys = [g[0]]
+            else:
+                dys = []
+                for i in range(builtins.max(len(ymeta), 1)):
+                    d = g.get(i)
+                    if d is None:  # an unused output of a multi-output op: a zero gradient
+                        shape, dt, dev = ymeta[i]
+                        d = ops.full(shape, 0, dt, dev)
+                    dys.append(d)
+            # backward itself, unless a subclass overrides _do_backward (SINGA's hook around it)
+            dxs = op.backward(*dys) if type(op)._do_backward is _do_backward else op._do_backward(*dys)
+            if dxs.__class__ is not tuple:
+                dxs = tuple(dxs) if isinstance(dxs, list) else (dxs,)
             if len(dxs) != len(op.src):
                 raise RuntimeError(f"{op.name}: backward returned {len(dxs)} gradients for {len(op.src)} inputs")
             seen = {d.buffer for d in dys}

@@ -255,6 +255,12 @@ class Layer(metaclass=LayerMeta):
 
     def _align(self, x: Tensor, *params: Tensor | None) -> None:
         """Bring the parameters to x's device and, for float inputs, to x's dtype (half precision training)."""
+        dev, dt = x.device, x.dtype
+        for p in params:  # (every step: usually nothing to do)
+            if p is not None and (p.device is not dev or p.dtype != dt):
+                break
+        else:
+            return
         ps = [p for p in params if p is not None]
         self.device_check(x, *ps)
         if x.dtype in _dt.FLOATS:
