@@ -145,17 +145,39 @@ _REDUCE_OPS = {"reduce_sum": 0, "reduce_mean": 1, "reduce_max": 2, "reduce_min":
 def _make_reduce(name: str) -> Callable:
     op = _REDUCE_OPS[name]
 
-    def kernel(out, x, axes=()):
-        x = _contiguous(x)
+    def dims_of(out, x, axes):
         nd = len(x.shape)
         reduced, _ = kernel_checks.reduce_axes("cpu", name, out, x, axes)
-        dims = ffi.new("int64_t[]", list(x.shape) + [1 if d in reduced else 0 for d in range(nd)] or [0])
-        status = lib.sg_reduce(op, x.dtype, x.buffer.handle, x.offset, out.dtype, out.buffer.handle, out.offset, nd,
-                               dims)
+        return ffi.new("int64_t[]", list(x.shape) + [1 if d in reduced else 0 for d in range(nd)] or [0])
+
+    def fail(status, out, x, axes):
         _check(status, name, (out, x), f"axes {tuple(axes)}" + (" (an empty reduction has no extreme)"
                                                                 if status == 4 else ""))
 
+    def kernel(out, x, axes=()):
+        x = _contiguous(x)
+        status = lib.sg_reduce(op, x.dtype, x.buffer.handle, x.offset, out.dtype, out.buffer.handle, out.offset,
+                               len(x.shape), dims_of(out, x, axes))
+        if status:
+            fail(status, out, x, axes)
+
+    def bind(out, x, axes=()) -> Callable[[], None] | None:
+        """kernel's call as a zero-argument launch for a graph replay (None where x needs a contiguous copy)."""
+        if x.strides != _layout(x.shape)[0]:
+            return None
+        args = (op, x.dtype, x.buffer.handle, x.offset, out.dtype, out.buffer.handle, out.offset, len(x.shape),
+                dims_of(out, x, axes))
+        launch = lib.sg_reduce
+
+        def run() -> None:
+            status = launch(*args)
+            if status:
+                fail(status, out, x, axes)
+
+        return run
+
     kernel.__name__ = name
+    kernel.bind = bind
     return kernel
 
 
