@@ -66,6 +66,7 @@ class _TrainingFlag(threading.local):
 
 training = _TrainingFlag()
 _op_ids = itertools.count()  # operator names stay unique when several threads create operators
+_op_next = [0]  # the id after the last one given out: Operator.op_count
 
 
 class _AutogradModule(types.ModuleType):
@@ -223,19 +224,20 @@ def ctensor2numpy(x: Tensor) -> np.ndarray:
 
 
 class _OperatorType(type):
-    """Operator's metaclass, for SINGA's class counter `Operator.op_count` alone: read from the id counter instead of
-    assigned at every construction (assigning a class attribute invalidates the interpreter's attribute caches of the
-    class and all its subclasses, which slowed every operator call)."""
+    """Operator's metaclass, for SINGA's class counter `Operator.op_count` alone: a property over `_op_next` instead of
+    a class attribute assigned at every construction (assigning a class attribute invalidates the interpreter's
+    attribute caches of the class and all its subclasses, which slowed every operator call)."""
 
     @property
     def op_count(cls) -> int:
         """How many operators were created so far (their default names are numbered with it)."""
-        return _op_ids.__reduce__()[1][0]
+        return _op_next[0]
 
     @op_count.setter
     def op_count(cls, value: int) -> None:
         global _op_ids
         _op_ids = itertools.count(int(value))
+        _op_next[0] = int(value)
 
 
 class Operator(metaclass=_OperatorType):
@@ -248,7 +250,9 @@ class Operator(metaclass=_OperatorType):
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            name = f"{type(self).__name__}#{next(_op_ids)}"
+            n = next(_op_ids)
+            _op_next[0] = n + 1  # a list's item: assigning Operator.op_count here would invalidate attribute caches
+            name = f"{type(self).__name__}#{n}"
         self.name = name
         self.src: list = []
         self.requires_grad = False
@@ -428,41 +432,40 @@ class Dummy(Operator):
         return f"{self.name}_g"
 
 
+def _inputs_needing_grad(root: Operator) -> Iterator[tuple]:
+    """Every input (creator, id, ...) of every operator reachable from `root` through operators that need gradients,
+    once per use: the edges a gradient flows back along."""
+    stack = [root]
+    seen = {root}
+    while stack:
+        cur = stack.pop()
+        if not cur.requires_grad:
+            continue  # no gradient flows through it, so its sources wait for nothing from it
+        for src in cur.src:
+            yield src
+            op = src[0]
+            if op not in seen:
+                seen.add(op)
+                stack.append(op)
+
+
 def infer_dependency(op: Operator) -> tuple:
     """(op_count, tensor_count): for each operator reachable from `op` through operators that need gradients, how
     many inputs of those operators it produced; and the same count per input tensor id (SINGA's pair of Counters)."""
     op_count: Counter = Counter()
     tensor_count: Counter = Counter()
-    stack = [op]
-    seen = {op}
-    while stack:
-        cur = stack.pop()
-        if not cur.requires_grad:
-            continue  # no gradient flows through it, so its sources wait for nothing from it
-        for src_op, xid, _, _ in cur.src:
-            op_count[src_op] += 1
-            tensor_count[xid] += 1
-            if src_op not in seen:
-                seen.add(src_op)
-                stack.append(src_op)
+    for src_op, xid, _, _ in _inputs_needing_grad(op):
+        op_count[src_op] += 1
+        tensor_count[xid] += 1
     return op_count, tensor_count
 
 
 def _pending_outputs(root: Operator) -> dict:
     """infer_dependency's operator counts alone, in a plain dict: how many gradients each operator waits for."""
     count: dict = {}
-    stack = [root]
-    seen = {root}
-    while stack:
-        cur = stack.pop()
-        if not cur.requires_grad:
-            continue
-        for src in cur.src:
-            op = src[0]
-            count[op] = count.get(op, 0) + 1
-            if op not in seen:
-                seen.add(op)
-                stack.append(op)
+    for src in _inputs_needing_grad(root):
+        op = src[0]
+        count[op] = count.get(op, 0) + 1
     return count
 
 
