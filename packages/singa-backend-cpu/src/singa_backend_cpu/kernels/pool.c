@@ -272,56 +272,58 @@ static inline void pool_gather2_f32(float *restrict d, const float *restrict s, 
 #endif
 
 #if defined(__AVX512F__)
-/* Max pooling 2x2 / 2 of one output row, float32: rows r0 and r1 of the input, n outputs, 16 at a time (the even and
- * odd columns of a pair of loads separated by permutes), with masks for the last ones; reads no element past
- * r0[2n - 1]. The taps in scan order under max_window's rule; ix (when given) gets the winner's flat index, `at` being
- * that of r0[0] in the plane and W the row length. */
+/* The in-place stride-2 max pooling of float32 rows (pool_real.h: max_stride2), 16 outputs a vector. */
+
+/* One more tap v of 16 windows, at offset `off` from their corners, under max_window's rule: v is taken when
+ * !(v <= best) and best is not a NaN (the first maximum wins, a NaN beats everything and the first NaN stays). */
+static inline void pool_take16(__m512 *best, __m512i *t, __m512 v, int64_t off) {
+    const __mmask16 take = _mm512_cmp_ps_mask(v, *best, _CMP_NLE_UQ) & _mm512_cmp_ps_mask(*best, *best, _CMP_EQ_OQ);
+    *best = _mm512_mask_mov_ps(*best, take, v);
+    *t = _mm512_mask_mov_epi32(*t, take, _mm512_set1_epi32((int)off));
+}
+
+/* Outputs o .. o + m of a row: the maxima, and (ix given) their flat indices, the corner of output o + l being at
+ * at + 2 (o + l) and t the winning taps' offsets from the corners. */
+static inline void pool_store16(float *restrict y, int64_t *restrict ix, int64_t o, int64_t m, __m512 best,
+                                __m512i t, int64_t at) {
+    _mm512_mask_storeu_ps(y + o, (__mmask16)((1u << m) - 1), best);
+    if (!ix) return;
+    const __m512i base = _mm512_add_epi64(_mm512_set1_epi64(at + 2 * o), _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m512i i0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(t)), base);
+    const __m512i i1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(t, 1)),
+                                        _mm512_add_epi64(base, _mm512_set1_epi64(16)));
+    _mm512_mask_storeu_epi64(ix + o, (__mmask8)(m >= 8 ? 0xFF : (1u << m) - 1), i0);
+    if (m > 8) _mm512_mask_storeu_epi64(ix + o + 8, (__mmask8)((1u << (m - 8)) - 1), i1);
+}
+
+/* 2x2 windows: rows r0 and r1 of the input, n outputs, 16 at a time from the even and odd columns of one pair of
+ * loads a row (permutes), with masks for the last ones; reads no element past r0[2n - 1]. `at` is r0[0]'s flat index
+ * in the plane, W the row length. */
 static inline void pool_pairs_f32(const float *restrict r0, const float *restrict r1, int64_t n, float *restrict y,
                                   int64_t *restrict ix, int64_t at, int64_t W) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i one = _mm512_set1_epi32(1), down = _mm512_set1_epi32((int)W), diag = _mm512_set1_epi32((int)W + 1);
     for (int64_t o = 0; o < n; o += 16) {
         const int64_t m = sg_min64(16, n - o), need = 2 * m;
         const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
         const __mmask16 hi = need > 16 ? (__mmask16)((1u << (need - 16)) - 1) : 0;
         const __m512 a0 = _mm512_maskz_loadu_ps(lo, r0 + 2 * o), b0 = _mm512_maskz_loadu_ps(hi, r0 + 2 * o + 16);
         const __m512 a1 = _mm512_maskz_loadu_ps(lo, r1 + 2 * o), b1 = _mm512_maskz_loadu_ps(hi, r1 + 2 * o + 16);
-        const __m512 taps[3] = {_mm512_permutex2var_ps(a0, odd, b0), _mm512_permutex2var_ps(a1, even, b1),
-                                _mm512_permutex2var_ps(a1, odd, b1)};
-        const __m512i offs[3] = {one, down, diag};
         __m512 best = _mm512_permutex2var_ps(a0, even, b0);
         __m512i t = _mm512_setzero_si512();
-        for (int k = 0; k < 3; k++) { /* take v when !(v <= best) and best is not a NaN */
-            const __mmask16 take = _mm512_cmp_ps_mask(taps[k], best, _CMP_NLE_UQ) &
-                                   _mm512_cmp_ps_mask(best, best, _CMP_EQ_OQ);
-            best = _mm512_mask_mov_ps(best, take, taps[k]);
-            t = _mm512_mask_mov_epi32(t, take, offs[k]);
-        }
-        _mm512_mask_storeu_ps(y + o, (__mmask16)((1u << m) - 1), best);
-        if (ix) {
-            const __m512i base = _mm512_add_epi64(_mm512_set1_epi64(at + 2 * o), lane2);
-            const __m512i i0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(t)), base);
-            const __m512i i1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(t, 1)),
-                                                _mm512_add_epi64(base, _mm512_set1_epi64(16)));
-            _mm512_mask_storeu_epi64(ix + o, (__mmask8)(m >= 8 ? 0xFF : (1u << m) - 1), i0);
-            if (m > 8) _mm512_mask_storeu_epi64(ix + o + 8, (__mmask8)((1u << (m - 8)) - 1), i1);
-        }
+        pool_take16(&best, &t, _mm512_permutex2var_ps(a0, odd, b0), 1);
+        pool_take16(&best, &t, _mm512_permutex2var_ps(a1, even, b1), W);
+        pool_take16(&best, &t, _mm512_permutex2var_ps(a1, odd, b1), W + 1);
+        pool_store16(y, ix, o, m, best, t, at);
     }
 }
-#endif
 
-#if defined(__AVX512F__)
-/* Max pooling with stride 2 of one output row, float32: kh x kw windows whose corner is at input (2 oh, 2 ow), every
- * tap inside; r0 is row 2 oh, W the row length, `at` r0[0]'s flat index in the plane. n outputs, 16 at a time: tap
- * (i, j) of 16 outputs is every other element of row i from column 2o + j (two masked loads and a permute), so no
- * load reaches past the last tap. The taps in scan order under max_window's rule (the first maximum wins, a NaN beats
- * everything and the first NaN stays); ix (when given) gets the winner's flat index. */
+/* kh x kw windows whose corner is at input (2 oh, 2 ow), every tap inside: r0 is row 2 oh; n outputs, 16 at a time,
+ * tap (i, j) of 16 outputs every other element of row i from column 2o + j (two masked loads and a permute), so no
+ * load reaches past the last tap. */
 static inline void pool_stride2_f32(const float *r0, int64_t W, int64_t kh, int64_t kw, int64_t n,
                                     float *restrict y, int64_t *restrict ix, int64_t at) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
     for (int64_t o = 0; o < n; o += 16) {
         const int64_t m = sg_min64(16, n - o), need = 2 * m - 1; /* elements of a tap's run: s[0 .. need) */
         const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
@@ -333,26 +335,13 @@ static inline void pool_stride2_f32(const float *r0, int64_t W, int64_t kh, int6
                 const float *s = r0 + i * W + 2 * o + j;
                 const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo, s), even,
                                                         _mm512_maskz_loadu_ps(hi, s + 16));
-                if (i == 0 && j == 0) {
+                if (i == 0 && j == 0)
                     best = v;
-                    continue;
-                }
-                /* take v when !(v <= best) and best is not a NaN */
-                const __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_NLE_UQ) &
-                                       _mm512_cmp_ps_mask(best, best, _CMP_EQ_OQ);
-                best = _mm512_mask_mov_ps(best, take, v);
-                t = _mm512_mask_mov_epi32(t, take, _mm512_set1_epi32((int)(i * W + j)));
+                else
+                    pool_take16(&best, &t, v, i * W + j);
             }
         }
-        _mm512_mask_storeu_ps(y + o, (__mmask16)((1u << m) - 1), best);
-        if (ix) {
-            const __m512i base = _mm512_add_epi64(_mm512_set1_epi64(at + 2 * o), lane2);
-            const __m512i i0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(t)), base);
-            const __m512i i1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(t, 1)),
-                                                _mm512_add_epi64(base, _mm512_set1_epi64(16)));
-            _mm512_mask_storeu_epi64(ix + o, (__mmask8)(m >= 8 ? 0xFF : (1u << m) - 1), i0);
-            if (m > 8) _mm512_mask_storeu_epi64(ix + o + 8, (__mmask8)((1u << (m - 8)) - 1), i1);
-        }
+        pool_store16(y, ix, o, m, best, t, at);
     }
 }
 #endif
