@@ -632,10 +632,9 @@ class SGD(Optimizer):
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
         buf = self._plain_momentum(p, param_grad)
-        if buf is not None:  # the common rule, after the first step: two passes, none of the general checks
-            mom = self.momentum.init_value
-            ops.axpby(mom, buf, 1.0, param_grad, out=buf)
-            ops.axpby(1.0, p, -self.lr.init_value, buf, out=p)
+        if buf is not None:  # the common rule, after the first step: the two passes below, none of the checks
+            _combine(self.momentum.init_value, buf, 1.0, param_grad, out=buf)
+            self._descend(p, buf, self.lr.init_value)
             return
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
         lr = self._hyper("lr", w)
