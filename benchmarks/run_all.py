@@ -102,16 +102,58 @@ def splice(existing: str, tables: list[benchlib.Table], facts: list[tuple[str, s
     return text.rstrip() + "\n"
 
 
-def kept_sections(existing: str) -> str:
-    """The sections of an existing report that this run cannot measure and keeps: the GPU section, written by
-    benchmarks/gpu_check.py on a GPU machine."""
+# The last full report measured on another CPU vendor rides along at the end of the page, its headings one level down,
+# so that both vendors' numbers stand side by side (a run on Intel keeps AMD's, and the other way round).
+OTHER_CPU = "## Earlier report from another CPU vendor"
+VENDOR_IDS = ("GenuineIntel", "AuthenticAMD")
+
+
+def _section(text: str, head: str) -> str:
+    """The top-level section of `text` whose heading starts with `head` (up to the next `## `), or ''."""
+    if text.startswith(head):
+        start = 0
+    else:
+        start = text.find("\n" + head) + 1
+        if start == 0:
+            return ""
+    end = text.find("\n## ", start + len(head))
+    return text[start:end + 1 if end >= 0 else len(text)].rstrip() + "\n"
+
+
+def cpu_vendor(cpu: str) -> str:
+    """The vendor id in a CPU fact (benchlib.cpu_model()), or the whole fact where it names none."""
+    return next((v for v in VENDOR_IDS if v in cpu), cpu)
+
+
+def _fact(report_text: str, key: str) -> str | None:
+    prefix = f"| {key} | "
+    line = next((ln for ln in report_text.splitlines() if ln.startswith(prefix)), None)
+    return line[len(prefix):].rstrip(" |") if line else None
+
+
+def kept_sections(existing: str, cpu: str) -> str:
+    """The sections of an existing report that this run cannot measure and keeps: the GPU section (written by
+    benchmarks/gpu_check.py on a GPU machine), and the last full report from another CPU vendor than `cpu`: the
+    existing report itself when it was measured on another vendor, else the copy it carried."""
     import gpu_check
 
-    start = existing.find(gpu_check.SECTION)
-    if start < 0:
-        return ""
-    end = existing.find("\n## ", start + len(gpu_check.SECTION))
-    return "\n" + existing[start:end + 1 if end >= 0 else len(existing)].rstrip() + "\n"
+    kept = [_section(existing, gpu_check.SECTION)]
+    old_cpu = _fact(existing, "CPU")
+    if old_cpu is None or cpu_vendor(old_cpu) == cpu_vendor(cpu):
+        kept.append(_section(existing, OTHER_CPU))
+    else:
+        body = existing[existing.find("## Machine"):]
+        for head in (gpu_check.SECTION, OTHER_CPU, "## How to reproduce"):
+            part = _section(body, head)
+            if part:
+                body = body.replace(part, "")
+        date = _fact(existing, "date") or "an earlier date"
+        body = "\n".join("#" + ln if ln.startswith("## ") else ln for ln in body.splitlines())
+        kept.append(f"{OTHER_CPU}: {cpu_vendor(old_cpu)}\n\n"
+                    f"The full report of the last run on {old_cpu}, {date}, by the same commands, kept when a run on "
+                    f"another vendor's CPU replaced the page above; a run on {cpu_vendor(old_cpu)} again replaces it "
+                    f"in turn.\n\n{body.strip()}\n")
+    return "".join("\n" + k for k in kept if k)
 
 
 def main() -> int:
@@ -153,7 +195,7 @@ def main() -> int:
     else:
         text = report(tables, facts, args.command, args.quick, time.perf_counter() - t0, busy)
         if args.output and args.output.is_file():
-            text += kept_sections(args.output.read_text())
+            text += kept_sections(args.output.read_text(), dict(facts)["CPU"])
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
