@@ -1183,3 +1183,54 @@ def test_random_bernoulli(dt):
     out = empty((n,), dt)
     K["random_bernoulli"](out, p=0.3, seed=seed, offset=offset)
     np.testing.assert_array_equal(get(out), (u < 0.3).astype(dt))
+
+
+PLACEMENT_PROBE = """
+import os, threading
+import numpy as np
+from singa import device, ops
+import singa_backend_cpu as c
+
+def masks():
+    return {int(t): frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+
+def cpu_of_this_thread():
+    with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+every = frozenset(os.sched_getaffinity(0))
+x = ops.from_numpy(np.ones(1 << 22, np.float32), device.get_device("cpu"))
+assert float(ops.to_numpy(ops.sum(x))) == 1 << 22
+me = threading.get_native_id()
+pinned = sorted(next(iter(m)) for t, m in masks().items() if t != me and len(m) == 1)
+print("pinned", pinned, "mine", sorted(masks()[me]) == sorted(every))
+if pinned:
+    worker = pinned[0]
+    os.sched_setaffinity(0, {worker})  # put this thread on a worker's CPU, then free it: it stays there
+    os.sched_setaffinity(0, every)
+    before = cpu_of_this_thread()
+    c.get_num_threads()  # what every kernel asks before it forks; nothing runs that would make the scheduler move it
+    print("moved", before == worker, cpu_of_this_thread() != worker, sorted(masks()[me]) == sorted(every))
+    c.set_num_threads(1)
+    print("freed", all(len(m) == len(every) for m in masks().values()), c.placement())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="thread placement needs Linux and at least 2 CPUs")
+@pytest.mark.parametrize("setting", ["", "0"])
+def test_workers_get_a_cpu_each_and_the_caller_keeps_off_them(setting):
+    """As many threads as CPUs: each worker pinned to its own CPU, the calling thread free but moved off a worker's
+    CPU before a kernel forks; one thread frees them again. SINGA_CPU_PIN=0: nothing pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    clean = {k: v for k, v in os.environ.items() if k not in ("SINGA_NUM_THREADS", "OMP_NUM_THREADS", "SINGA_CPU_PIN")}
+    r = subprocess.run([sys.executable, "-c", PLACEMENT_PROBE], env={**clean, "SINGA_CPU_PIN": setting},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    if setting == "0":
+        assert lines == ["pinned [] mine True"]
+        return
+    assert lines[0] == f"pinned {cpus[1:]} mine True"
+    assert lines[1] == "moved True True True"
+    assert lines[2] == "freed True left to the operating system (one thread)"

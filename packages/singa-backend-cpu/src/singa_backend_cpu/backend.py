@@ -30,10 +30,17 @@ class CpuBackend(Backend):
                     f"({ffi.string(lib.scipy_openblas_get_config()).decode()})",
             "threads": f"{lib.sg_get_num_threads()} OpenMP threads (oneDNN's too); OpenBLAS's products are split "
                        f"over them, OpenBLAS running {lib.scipy_openblas_get_num_threads()} thread inside each",
+            "thread placement": _placement(),
             "vector path": _vector_path(),
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
             "onednn": onednn.status(),
         }
+
+
+def _placement() -> str:
+    from singa_backend_cpu import placement
+
+    return placement()
 
 
 def _vector_path() -> str:

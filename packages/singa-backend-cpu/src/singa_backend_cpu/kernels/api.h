@@ -8,6 +8,9 @@ void sg_free(char *p);
 void sg_memcopy(char *dst, int64_t dst_byte_off, const char *src, int64_t src_byte_off, int64_t nbytes);
 void sg_set_num_threads(int n);
 int sg_get_num_threads(void);
+/* thread t (1..n-1) of the caller's OpenMP team on CPU cpus[t] alone, the caller kept off those CPUs; cpus NULL: every
+ * worker free to run on the process's CPUs `all` again. Returns how many workers could not be moved. */
+int sg_pin_workers(const int *cpus, int n, const int *all, int nall);
 
 /* reduce.c: op 0 sum, 1 mean, 2 max, 3 min, 4 prod; dims = shape[ndim] then a 0/1 "reduced" flag per axis */
 int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, char *out, int64_t oo, int ndim,

@@ -47,7 +47,14 @@ enum { SG_OK = 0, SG_ENOMEM = 1, SG_EDTYPE = 2, SG_EINDEX = 3, SG_EVALUE = 4 };
 /* Threads the kernels use: set by sg_set_num_threads (memory.c) for every calling thread alike, unlike
  * omp_set_num_threads, which only changes the caller's own setting. 0 until set: then OpenMP's default. */
 extern int sg_nthreads;
-static inline int sg_max_threads(void) { return sg_nthreads > 0 ? sg_nthreads : omp_get_max_threads(); }
+/* Non-zero in the one thread whose OpenMP workers sg_pin_workers pinned (memory.c): before its kernels fork, it moves
+ * off a worker's CPU should the scheduler have put it there. */
+extern __thread int sg_pin_owner;
+void sg_keep_apart(void);
+static inline int sg_max_threads(void) {
+    if (sg_pin_owner) sg_keep_apart();
+    return sg_nthreads > 0 ? sg_nthreads : omp_get_max_threads();
+}
 
 static inline int64_t sg_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t sg_max64(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -1,4 +1,7 @@
-/* Host memory and threads: aligned blocks for the device's pool, bulk copies, the OpenMP + OpenBLAS thread count. */
+/* Host memory and threads: aligned blocks for the device's pool, bulk copies, the OpenMP + OpenBLAS thread count and
+ * where the OpenMP threads run. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <sys/mman.h>
 
 #include "common.h"
@@ -55,3 +58,50 @@ void sg_set_num_threads(int n) {
 }
 
 int sg_get_num_threads(void) { return sg_max_threads(); }
+
+/* Where the threads run. When a process's threads are as many as its CPUs, the scheduler still sometimes puts two of
+ * them on one CPU and leaves another idle, for tens of milliseconds (after another runtime's threads, e.g.
+ * onnxruntime's, held a CPU): every fork-join kernel then runs at half speed. So each OpenMP worker gets a CPU of its
+ * own, and the calling thread, which user code owns and whose threads inherit its mask, stays free: before each kernel
+ * (sg_max_threads) it only checks that it is not on a worker's CPU, and if it is, it moves off and is freed again. */
+__thread int sg_pin_owner = 0;
+static cpu_set_t sg_workers_cpus; /* the workers' CPUs */
+static cpu_set_t sg_away_cpus;    /* the process's other CPUs: where the caller belongs */
+static cpu_set_t sg_all_cpus;     /* every CPU the process may use */
+
+void sg_keep_apart(void) {
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &sg_workers_cpus)) return;
+    /* leaving a CPU takes a mask without it; the full mask again right after lets the scheduler place the thread
+     * freely from then on (a running thread is not moved back) */
+    if (sched_setaffinity(0, sizeof sg_away_cpus, &sg_away_cpus) == 0)
+        sched_setaffinity(0, sizeof sg_all_cpus, &sg_all_cpus);
+}
+
+int sg_pin_workers(const int *cpus, int n, const int *all, int nall) {
+    CPU_ZERO(&sg_all_cpus);
+    for (int i = 0; i < nall; i++)
+        if (all[i] >= 0 && all[i] < CPU_SETSIZE) CPU_SET(all[i], &sg_all_cpus);
+    CPU_ZERO(&sg_workers_cpus);
+    sg_away_cpus = sg_all_cpus;
+    if (cpus)
+        for (int t = 1; t < n; t++)
+            if (cpus[t] >= 0 && cpus[t] < CPU_SETSIZE) {
+                CPU_SET(cpus[t], &sg_workers_cpus);
+                CPU_CLR(cpus[t], &sg_away_cpus);
+            }
+    sg_pin_owner = 0; /* no moving off while the workers change (and for good when unpinned) */
+    int failed = 0;
+#pragma omp parallel num_threads(n) reduction(+ : failed)
+    {
+        const int t = omp_get_thread_num();
+        if (t > 0) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            if (cpus) CPU_SET(cpus[t], &one);
+            failed += sched_setaffinity(0, sizeof one, cpus ? &one : &sg_all_cpus) != 0;
+        }
+    }
+    sg_pin_owner = cpus != NULL && failed == 0 && CPU_COUNT(&sg_away_cpus) > 0;
+    return failed;
+}
