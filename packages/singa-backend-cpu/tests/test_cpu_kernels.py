@@ -425,6 +425,38 @@ def test_vectorised_erf_is_within_three_ulp():
     assert np.signbit(get(out)[4])  # erf(-0) = -0
 
 
+def test_vectorised_gelu_keeps_the_negative_tail():
+    # gelu(x) = x Phi(x) against 0.5 x erfc(-x / sqrt 2) in float64: the positive side within a few ulp, the negative
+    # side to a relative 5e-6 over [-6, 0] and 2e-5 down to where the results leave the normal range (the erf form,
+    # 0.5 x (1 + erf), loses that tail to cancellation: 8e-5 at -6, all digits by -10), flushed to 0 below
+    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], np.linspace(-14, 14, 280001, dtype=np.float32)])
+    out = empty(x.shape, np.float32)
+    K["gelu"](out, put(x))
+    got = get(out).astype(np.float64)
+    xd = x.astype(np.float64)
+    ref = np.array([0.5 * v * math.erfc(-v / math.sqrt(2.0)) for v in xd])
+    pos = xd >= 0
+    ulp = np.spacing(np.abs(ref[pos]).astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got[pos] - ref[pos]) / np.maximum(ulp, 2.0 ** -149)) <= 8.0
+    rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-300)
+    normal = ~pos & (np.abs(ref) >= 2e-38)  # results in the normal range (tiny negative x give subnormal ones too)
+    assert np.max(rel[normal & (xd >= -6)]) <= 5e-6
+    assert np.max(rel[normal]) <= 2e-5
+    assert np.all(np.abs(got[~pos & ~normal] - ref[~pos & ~normal]) <= 2e-38)
+    edge = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1e-40, 1e-30, -20.0, 30.0], np.float32)
+    out = empty(edge.shape, np.float32)
+    K["gelu"](out, put(edge))
+    got = get(out)
+    with np.errstate(invalid="ignore"):  # -inf: the table's 0.5 x (1 + erf(x / sqrt 2)) is -inf * 0, NaN
+        want = 0.5 * edge * (1 + np.array([math.erf(v / math.sqrt(2.0)) if np.isfinite(v) else np.sign(v)
+                                          for v in edge.astype(np.float64)], np.float32))
+    close(got, want, np.float32, rtol=3e-7, atol=0)
+    assert np.signbit(got[4])  # gelu(-0) = -0
+    assert np.signbit(got[7])  # the flushed tail keeps its sign
+
+
 def test_vectorised_tanh_is_within_three_ulp():
     # every 997th float32 bit pattern, a fine sweep of [-12, 12], then the edges; the reference is numpy in float64
     bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)

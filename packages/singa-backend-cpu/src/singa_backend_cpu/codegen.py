@@ -58,6 +58,8 @@ _COSTLY = re.compile(r"\b(exp|log|sqrt|sin|cos|tan|asin|acos|atan|sinh|cosh|tanh
 _EXP_CALL = re.compile(r"\bexp\(")
 _ERF_CALL = re.compile(r"\berf\(")
 _TANH_CALL = re.compile(r"\btanh\(")
+# whole functions common.h computes better in float than the table's expression would (see each helper)
+_FLOAT_HELPERS = {"gelu": "sg_vgeluf(x)"}
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[fF]\b")
 
 HEADER = """\
@@ -99,7 +101,9 @@ def elementwise_kernels(table: dict) -> list[Kernel]:
             ct = CTYPES[dt]
             out = CTYPES[BOOL] if entry.out_bool else ct
             expr = entry.expression(dt)
-            if ct.compute == "float":
+            if ct.compute == "float" and entry.name in _FLOAT_HELPERS:
+                expr = _FLOAT_HELPERS[entry.name]
+            elif ct.compute == "float":
                 expr = _EXP_CALL.sub("sg_vexpf(", expr)  # vectorisable expf, erff and tanhf: common.h
                 expr = _ERF_CALL.sub("sg_verff(", expr)
                 expr = _TANH_CALL.sub("sg_vtanhf(", expr)
