@@ -242,8 +242,8 @@ static inline float sg_verff(float x) {
  * Phi = 1 - erfc/2 for x >= 0 and erfc/2 below, so the negative tail keeps its relative precision, which
  * 0.5 x (1 + erf(x/sqrt2)) loses to cancellation (8e-5 relative at x = -6 through sg_verff, 1e-6 here). The exp
  * argument is never positive, so its 2^k needs no overflow care; below -87 (x under -13.1) the tail is flushed to a
- * signed 0: the results there are under 2e-38, at the edge of the subnormals. 1.7x as fast as the erf form (two polynomials and
- * a full expf, both computed for every element).
+ * signed 0: the results there are under 2e-38, at the edge of the subnormals. 1.7x as fast as the erf form (two
+ * polynomials and a full expf, both computed for every element).
  */
 static inline float sg_vgeluf(float x) {
     const float a = (x < 0.0f ? -x : x) * 0.70710678118654752f;
