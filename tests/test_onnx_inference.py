@@ -603,3 +603,34 @@ def test_gelu_whose_parts_are_read_elsewhere_is_left_as_it_is(dev, kind):
     assert ("Erf" if kind == "erf" else "Tanh") in [n.op_type for n in rep.inference_plan().program.nodes]
 
 
+
+
+def test_autograd_on_keeps_the_plan_unless_a_gradient_flows_in(dev):
+    """A training script leaves autograd on: inference of frozen tensors on inputs autograd does not follow (numpy,
+    a plain Tensor) still replays the plan, with the same results; an input that requires a gradient runs the graph as
+    imported, and its gradient arrives."""
+    m = conv_bn_affine()
+    rep = sonnx.prepare(m, dev)
+    x = arr(2, 3, 8, 8)
+    want = ort_run(m, {"x": x})[0]
+    autograd.training = True
+    try:
+        for _ in range(4):
+            np.testing.assert_allclose(rep.run([x])[0], want, rtol=1e-4, atol=1e-5)
+        plan = rep.inference_plan()
+        assert plan is not None
+        assert plan.graphs() == 1  # the input shape's run was recorded, and replayed since
+        tx = tensor.Tensor(device=dev, data=x)
+        np.testing.assert_allclose(tensor.to_numpy(rep.run([tx])[0]), want, rtol=1e-4, atol=1e-5)
+        tx.requires_grad = tx.stores_grad = True
+        y = rep.run({"x": tx})[0]
+        assert y.requires_grad
+        loss = autograd.mse_loss(y, tensor.Tensor(device=dev, data=np.zeros(y.shape, np.float32)))
+        grads = autograd.gradients(loss)
+    finally:
+        autograd.training = False
+    np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-5)
+    dx = tensor.to_numpy(grads[tx])
+    assert dx.shape == x.shape
+    assert np.all(np.isfinite(dx))
+    assert np.any(dx != 0)

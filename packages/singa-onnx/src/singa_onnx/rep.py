@@ -24,12 +24,12 @@ class SingaRep(BackendRep):
     `tensor_map` holds the model's float initializers as Tensors on the device (the earlier API trains them by setting
     `requires_grad` / `stores_grad` on these tensors).
 
-    Plain inference (autograd off, every tensor of `tensor_map` frozen, the whole model's outputs) runs an optimised
-    version of the graph, built from the current tensors at the first such run (see singa_onnx.inference: constants
-    and batch normalisations folded, and per input shape a recorded sequence of kernel calls replayed from the third
-    run on). It is built again when `tensor_map` holds other tensors or some were trainable since; after writing into
-    a frozen tensor of `tensor_map` in place, call `refresh()`. `optimize=False` (also a `prepare` argument) runs the
-    graph as imported.
+    Plain inference (no input that autograd follows, or autograd off; every tensor of `tensor_map` frozen; the whole
+    model's outputs) runs an optimised version of the graph, built from the current tensors at the first such run
+    (see singa_onnx.inference: constants and batch normalisations folded, and per input shape a recorded sequence of
+    kernel calls replayed from the third run on). It is built again when `tensor_map` holds other tensors or some
+    were trainable since; after writing into a frozen tensor of `tensor_map` in place, call `refresh()`.
+    `optimize=False` (also a `prepare` argument) runs the graph as imported.
     """
 
     def __init__(self, imported: ImportedGraph, device: Device, tensor_map: dict[str, Tensor], optimize: bool = True):
@@ -82,7 +82,9 @@ class SingaRep(BackendRep):
         learning); a non-negative k runs the nodes up to index k. `aux_output` adds named intermediate values after
         the outputs; `all_outputs=True` returns {name: value} of everything computed."""
         imp = self.imported
-        if not autograd.training and not all_outputs and not aux_output and \
+        # autograd on (a training script's default) needs the graph as imported only when a gradient flows through
+        # the run: from an input, or into the tensors (inference_plan() declines those)
+        if not (autograd.training and _gradient_flows_in(inputs)) and not all_outputs and not aux_output and \
                 imp.stop_index(last_layers if last_layers is not None else -1) is None:
             plan = self.inference_plan()
             if plan is not None:
@@ -108,3 +110,9 @@ class SingaRep(BackendRep):
                 return host_to_tensor(v, self.device)
             return v
         return to_numpy_output(v, self.imported.types.get(name))
+
+
+def _gradient_flows_in(inputs: Any) -> bool:
+    """Whether an input is a Tensor autograd follows (the output of trainable layers upstream)."""
+    values = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    return any(isinstance(v, Tensor) and (v.requires_grad or v.stores_grad) for v in values)
