@@ -405,12 +405,16 @@ def test_vectorised_exp_is_within_two_ulp():
         close(get(out), np.exp(edge.astype(np.float64)).astype(np.float32), np.float32, rtol=3e-7, atol=0)
 
 
+def _finite_sweep(lo: float, hi: float, n: int) -> np.ndarray:
+    """Every 997th float32 bit pattern that is finite, then n evenly spaced float32 values over [lo, hi]."""
+    x = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([x[np.isfinite(x)], np.linspace(lo, hi, n, dtype=np.float32)])
+
+
 def test_vectorised_erf_is_within_three_ulp():
     # every 997th float32 bit pattern (all of them finite: erf saturates), a fine sweep of [-5, 5], then the edges;
     # the reference is math.erf in float64
-    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
-    x = bits.view(np.float32)
-    x = np.concatenate([x[np.isfinite(x)], np.linspace(-5, 5, 200001, dtype=np.float32)])
+    x = _finite_sweep(-5, 5, 200001)
     out = empty(x.shape, np.float32)
     K["erf"](out, put(x))
     got = get(out).astype(np.float64)
@@ -429,9 +433,7 @@ def test_vectorised_gelu_keeps_the_negative_tail():
     # gelu(x) = x Phi(x) against 0.5 x erfc(-x / sqrt 2) in float64: the positive side within a few ulp, the negative
     # side to a relative 5e-6 over [-6, 0] and 2e-5 down to where the results leave the normal range (the erf form,
     # 0.5 x (1 + erf), loses that tail to cancellation: 8e-5 at -6, all digits by -10), flushed to 0 below
-    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
-    x = bits.view(np.float32)
-    x = np.concatenate([x[np.isfinite(x)], np.linspace(-14, 14, 280001, dtype=np.float32)])
+    x = _finite_sweep(-14, 14, 280001)
     out = empty(x.shape, np.float32)
     K["gelu"](out, put(x))
     got = get(out).astype(np.float64)
@@ -459,9 +461,7 @@ def test_vectorised_gelu_keeps_the_negative_tail():
 
 def test_vectorised_tanh_is_within_three_ulp():
     # every 997th float32 bit pattern, a fine sweep of [-12, 12], then the edges; the reference is numpy in float64
-    bits = np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32)
-    x = bits.view(np.float32)
-    x = np.concatenate([x[np.isfinite(x)], np.linspace(-12, 12, 200001, dtype=np.float32)])
+    x = _finite_sweep(-12, 12, 200001)
     out = empty(x.shape, np.float32)
     K["tanh"](out, put(x))
     got = get(out).astype(np.float64)

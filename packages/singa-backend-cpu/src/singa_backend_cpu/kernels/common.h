@@ -177,14 +177,13 @@ static inline void sg_stf(char *p, int dtype, int64_t i, double v) {
  * Cody-Waite reduction x = k ln2 + r with a degree-6 polynomial for e^r (max error about 1 ulp over the whole range),
  * scaled by 2^k in two steps so that subnormal results are rounded once. inf, -inf, NaN and overflow behave like expf.
  */
-static inline float sg_vexpf(float x) {
-    float xc = x > 89.0f ? 89.0f : x;
-    xc = xc < -104.0f ? -104.0f : xc;
-    xc = xc != xc ? 0.0f : xc;
+/* e^v = sg_exp_reduced(v, &k) * 2^k for v in [-104, 89], k integral: the reduction and the polynomial, shared by
+ * sg_vexpf and the helpers that scale by 2^k themselves */
+static inline float sg_exp_reduced(float v, float *k) {
     /* round to nearest with the 1.5 * 2^23 trick (exact for |v| < 2^22; vectorises, unlike rintf without SSE4.1) */
-    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
+    const float kv = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - kv * 0.693359375f;
+    r = r + kv * 2.12194440e-4f;
     const float r2 = r * r;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -192,7 +191,16 @@ static inline float sg_vexpf(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r2 + r + 1.0f;
+    *k = kv;
+    return p * r2 + r + 1.0f;
+}
+
+static inline float sg_vexpf(float x) {
+    float xc = x > 89.0f ? 89.0f : x;
+    xc = xc < -104.0f ? -104.0f : xc;
+    xc = xc != xc ? 0.0f : xc;
+    float k;
+    const float p = sg_exp_reduced(xc, &k);
     const int32_t ki = (int32_t)k;
     const int32_t k1 = ki >> 1, k2 = ki - k1;
     union { int32_t i; float f; } s1, s2;
@@ -261,17 +269,8 @@ static inline float sg_vgeluf(float x) {
     float v = p - a * a;
     const int gone = v < -87.0f;
     v = gone ? -87.0f : v;
-    /* e^v = q 2^k as in sg_vexpf, 2^k in one step (k >= -126) */
-    const float k = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = v - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
-    float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    q = q * (r * r) + r + 1.0f;
+    float k; /* e^v = q 2^k, 2^k in one step (k >= -126) */
+    const float q = sg_exp_reduced(v, &k);
     union { int32_t i; float f; } s;
     s.i = ((int32_t)k + 127) << 23;
     const float h = gone ? 0.0f : (0.5f * t * q) * s.f; /* erfc(a) / 2 */
