@@ -1218,7 +1218,7 @@ def test_random_bernoulli(dt):
 
 
 PLACEMENT_PROBE = """
-import os, threading
+import os, sys, threading
 import numpy as np
 from singa import device, ops
 import singa_backend_cpu as c
@@ -1243,6 +1243,15 @@ if pinned:
     before = cpu_of_this_thread()
     c.get_num_threads()  # what every kernel asks before it forks; nothing runs that would make the scheduler move it
     print("moved", before == worker, cpu_of_this_thread() != worker, sorted(masks()[me]) == sorted(every))
+    sys.stdout.flush()
+    pid = os.fork()  # a child has none of the workers: it keeps off no CPU, and says so
+    if pid == 0:
+        os.sched_setaffinity(0, {worker})
+        os.sched_setaffinity(0, every)
+        c.get_num_threads()
+        os.write(1, f"child {cpu_of_this_thread() == worker} {c.placement().startswith('left to')}\\n".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
     c.set_num_threads(1)
     print("freed", all(len(m) == len(every) for m in masks().values()), c.placement())
 """
@@ -1265,4 +1274,5 @@ def test_workers_get_a_cpu_each_and_the_caller_keeps_off_them(setting):
         return
     assert lines[0] == f"pinned {cpus[1:]} mine True"
     assert lines[1] == "moved True True True"
-    assert lines[2] == "freed True left to the operating system (one thread)"
+    assert lines[2] == "child True True"
+    assert lines[3] == "freed True left to the operating system (one thread)"

@@ -83,6 +83,10 @@ def _place_threads(n: int) -> None:
         _pinned.extend(cpus)
 
 
+if hasattr(os, "register_at_fork"):  # a forked child has none of the pinned workers (memory.c forgets them too)
+    os.register_at_fork(after_in_child=_pinned.clear)
+
+
 def placement() -> str:
     """Where the threads run, in words (for `python -m singa info`)."""
     if _pinned:

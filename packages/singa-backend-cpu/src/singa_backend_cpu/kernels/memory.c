@@ -1,6 +1,7 @@
 /* Host memory and threads: aligned blocks for the device's pool, bulk copies, the OpenMP + OpenBLAS thread count and
  * where the OpenMP threads run. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 
@@ -78,7 +79,15 @@ void sg_keep_apart(void) {
         sched_setaffinity(0, sizeof sg_all_cpus, &sg_all_cpus);
 }
 
+/* A forked child has none of the workers (only the forking thread is copied): it keeps off no CPU. */
+static void sg_forget_workers(void) {
+    sg_pin_owner = 0;
+    CPU_ZERO(&sg_workers_cpus);
+}
+
 int sg_pin_workers(const int *cpus, int n, const int *all, int nall) {
+    static int at_fork = 0;
+    if (!at_fork) at_fork = pthread_atfork(NULL, NULL, sg_forget_workers) == 0;
     CPU_ZERO(&sg_all_cpus);
     for (int i = 0; i < nall; i++)
         if (all[i] >= 0 && all[i] < CPU_SETSIZE) CPU_SET(all[i], &sg_all_cpus);
