@@ -79,7 +79,7 @@ def _place_threads(n: int) -> None:
     if _pinned:  # first free the workers pinned before (a team of their count), then pin the new team
         lib.sg_pin_workers(ffi.NULL, len(_pinned), every, len(cpus))
         _pinned.clear()
-    if pin and lib.sg_pin_workers(ffi.new("int[]", cpus), n, every, len(cpus)) == 0:
+    if pin and lib.sg_pin_workers(every, n, every, len(cpus)) == 0:  # thread t on cpus[t]
         _pinned.extend(cpus)
 
 
