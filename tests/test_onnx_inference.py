@@ -132,8 +132,56 @@ def test_a_convolution_read_twice_is_not_fused(dev):
     m = make_model(nodes, [vi("x", [2, 3, 6, 6])], [vi("y", [2, 4, 6, 6])], inits)
     x = arr(2, 3, 6, 6)
     rep, runs, plain = both(m, dev, [x])
-    assert [n.op_type for n in rep.inference_plan().program.nodes] == ["Conv", "Relu", "Add"]
+    prog = rep.inference_plan().program
+    assert [n.op_type for n in prog.nodes] == ["FusedConv", "Relu", "Add"]
+    assert prog.nodes[0].attrs["activation"] == ""
     np.testing.assert_allclose(runs[-1][0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def fire_and_residual(c=32):
+    """SqueezeNet's fire module and ResNet's projection block in one graph, with a pooling and an odd-width tail:
+    Conv-Relu -> [1x1 Conv-Relu, 3x3 Conv-Relu] -> Concat -> Relu -> Conv + 1x1 Conv shortcut -> Relu ->
+    GlobalAveragePool -> g; the concatenation's Relu also -> MaxPool -> Conv (20 channels, not whole blocks) -> y."""
+    inits = [nh.from_array(arr(c, 3, 3, 3, scale=0.3), "W0"), nh.from_array(arr(c, scale=0.1), "B0"),
+             nh.from_array(arr(c, c, 1, 1, scale=0.2), "We1"), nh.from_array(arr(c, c, 3, 3, scale=0.1), "We3"),
+             nh.from_array(arr(2 * c, 2 * c, 3, 3, scale=0.05), "W2"),
+             nh.from_array(arr(2 * c, c, 1, 1, scale=0.2), "Ws"), nh.from_array(arr(20, 2 * c, 3, 3, scale=0.05), "W3")]
+    nodes = [helper.make_node("Conv", ["x", "W0", "B0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "We1"], ["e1"]), helper.make_node("Relu", ["e1"], ["re1"]),
+             helper.make_node("Conv", ["r0", "We3"], ["e3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["e3"], ["re3"]),
+             helper.make_node("Concat", ["re1", "re3"], ["cat"], axis=1),
+             helper.make_node("Relu", ["cat"], ["rcat"]),
+             helper.make_node("Conv", ["rcat", "W2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["r0", "Ws"], ["sc"]),
+             helper.make_node("Add", ["c2", "sc"], ["s"]), helper.make_node("Relu", ["s"], ["rs"]),
+             helper.make_node("GlobalAveragePool", ["rs"], ["g"]),
+             helper.make_node("MaxPool", ["rcat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "W3"], ["y"], pads=[1, 1, 1, 1])]
+    return make_model(nodes, [vi("x", ["N", 3, 8, 8])], [vi("y", ["N", 20, 4, 4]), vi("g", ["N", 2 * c, 1, 1])],
+                      inits)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch):
+    # the device's channel-blocked layout (oneDNN's on x86) between convolutions, Relu, Add and Concat; NCHW for the
+    # graph's outputs, what MaxPool reads and a convolution whose channels are not whole blocks
+    m = fire_and_residual()
+    x = arr(batch, 3, 8, 8)
+    rep, runs, plain = both(m, dev, [x])
+    want = ort_run(m, {"x": x})
+    for got in runs + [plain]:
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(runs[1][0], runs[2][0])  # the replay computes what the recorded run did
+    blocked = rep.inference_plan().blocked()
+    if dev.channel_block == 0:  # no blocked layout on this device (no oneDNN): nothing changes
+        assert blocked == set()
+        return
+    # r0 feeds three convolutions; the residual sum (read by GlobalAveragePool) and the shortcut it adds are blocked;
+    # the concatenation's group is not (MaxPool reads its Relu), nor y (an output, 20 channels)
+    assert blocked == {"r0", "rs", "sc"}, blocked
 
 
 @pytest.mark.parametrize(("activation", "params"), [("Relu", []), ("", []), ("LeakyRelu", [0.2]), ("Tanh", []),
@@ -167,7 +215,7 @@ def test_batchnorm_and_channel_affine_fold_into_convolutions(dev):
     x = arr(2, 3, 8, 8)
     rep, runs, plain = both(m, dev, [x])
     prog = rep.inference_plan().program
-    assert [n.op_type for n in prog.nodes] == ["FusedConv", "BatchNormalization", "Relu", "Conv"]
+    assert [n.op_type for n in prog.nodes] == ["FusedConv", "BatchNormalization", "Relu", "FusedConv"]
     want = ort_run(m, {"x": x})[0]
     for got in runs:
         np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)

@@ -389,3 +389,66 @@ def test_matmul_in_a_new_python_thread_gets_the_sequential_bits():
             np.testing.assert_array_equal(got[0], want)
     finally:
         singa_backend_cpu.set_num_threads(before)
+
+
+def to_blocks(a, block):
+    """NCHW -> the channel-blocked layout (N, C/B, H, W, B), flattened back into NCHW's shape (as the tensors hold
+    it)."""
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
+
+
+def from_blocks(a, block):
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // block, h, w, block).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
+
+
+# (N, C, H, K, k, stride, pad, groups): plain, 1x1, strided, depthwise, and groups of 24 channels (which oneDNN runs
+# only through reorders: its blocked kernels would be its reference code)
+BLOCKED_LAYERS = [(2, 32, 9, 48, 3, 1, 1, 1), (1, 64, 7, 32, 1, 1, 0, 1), (3, 16, 8, 64, 3, 2, 1, 1),
+                  (2, 32, 8, 32, 3, 1, 1, 32), (1, 48, 6, 96, 1, 1, 0, 2)]
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["onednn", "converted"])
+@pytest.mark.parametrize("layer", BLOCKED_LAYERS, ids=[f"{c}-{k}x{kk}-s{s}-g{g}" for _, c, _, k, kk, s, _, g in
+                                                      BLOCKED_LAYERS])
+def test_channel_blocked_operands_match_float64(layer, own, monkeypatch):
+    # conv2d_fused(blocks=...): x, and out with the residual, in channel blocks of the device's size; oneDNN runs them
+    # where they lie, or (own: oneDNN declining) the kernel converts them around the NCHW path
+    from singa import ops
+
+    block = DEV.channel_block
+    if not X86_LINUX:
+        assert block == 0  # no oneDNN: nothing is blocked, and the keyword is never passed
+        return
+    assert block in (8, 16)
+    if own:
+        monkeypatch.setattr(onednn, "conv_blocked", lambda *a, **k: False)
+    n, c, h, k, kk, stride, pad, groups = layer
+    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
+    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    ref = conv_ref(x, w, b, stride, pad, groups)
+    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    for blocks in ((block, block), (0, block), (block, 0)):
+        for residual in (None, r):
+            xs = to_blocks(x, block) if blocks[0] else x
+            rs = None if residual is None else tensor.from_numpy(to_blocks(r, block) if blocks[1] else r, DEV)
+            y = ops.conv2d(tensor.from_numpy(xs, DEV), tensor.from_numpy(w, DEV), tensor.from_numpy(b, DEV), stride,
+                           pad, 1, groups, residual=rs, activation="relu", blocks=blocks)
+            got = tensor.to_numpy(y)
+            got = from_blocks(got, block) if blocks[1] else got
+            want = np.maximum(ref + (0 if residual is None else r), 0)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"blocks {blocks}")
+
+
+def test_blocks_the_device_does_not_have_are_refused():
+    from singa import ops
+
+    x, w = tensor.from_numpy(np.zeros((1, 20, 4, 4), np.float32), DEV), tensor.from_numpy(
+        np.zeros((16, 20, 1, 1), np.float32), DEV)
+    with pytest.raises(ValueError, match="channel block"):
+        ops.conv2d(x, w, blocks=(24, 0))
+    if DEV.channel_block:
+        with pytest.raises(ValueError, match="dividing the channels"):
+            ops.conv2d(x, w, blocks=(DEV.channel_block, 0))  # 20 channels are not whole blocks of 8 or 16

@@ -76,6 +76,13 @@ class CpuDevice(Device):
 
         self.kernels = kernels
 
+    @property
+    def channel_block(self) -> int:  # type: ignore[override]
+        """oneDNN's channel block where it runs the convolutions (conv2d_fused's `blocks`), else 0."""
+        from singa_backend_cpu import onednn
+
+        return onednn.channel_block()
+
     def _raw_alloc(self, nbytes: int):
         handle = lib.sg_alloc(nbytes)
         if handle == ffi.NULL:

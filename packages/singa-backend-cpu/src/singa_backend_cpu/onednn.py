@@ -108,6 +108,7 @@ dnnl_status_t dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t
 
 F32 = 3  # dnnl_f32
 TAG_ANY, TAG_A, TAG_ABCD, TAG_ABCDE = 1, 2, 5, 6
+TAG_BLOCKED = {16: 78, 8: 102}  # channel blocks of B: dnnl_aBcd16b, dnnl_aBcd8b (N, C/B, H, W, B)
 FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
 CONVOLUTION_DIRECT = 1
 ELTWISE_RELU, DATA_TYPE_UNDEF = 0x20, 0
@@ -430,32 +431,48 @@ def _conv_dims(g) -> dict[str, list]:
             "pad_l": [g.pt, g.pl], "pad_r": [g.pb, g.pr]}
 
 
-def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool, post: tuple = NO_POST):
+def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool, post: tuple = NO_POST, tags: tuple | None = None):
+    """The forward primitive descriptor; `tags`: the activations' (x, y) layouts, else oneDNN's pick (`blocked`)
+    or the caller's NCHW."""
     d, lib = _conv_dims(g), plan.lib
     ffi = lib.ffi
     wtag = TAG_ABCD if g.G == 1 else TAG_ABCDE
-    act = TAG_ANY if blocked else TAG_ABCD  # activations: oneDNN's pick, or the caller's NCHW
+    act = TAG_ANY if blocked else TAG_ABCD
+    x_tag, y_tag = tags or (act, act)
     b_any = plan.md([g.K], TAG_ANY) if bias else ffi.NULL
     pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, FORWARD_TRAINING,
-                 CONVOLUTION_DIRECT, plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), b_any,
-                 plan.md(d["y"], act), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
+                 CONVOLUTION_DIRECT, plan.md(d["x"], x_tag), plan.md(d["w"], TAG_ANY), b_any,
+                 plan.md(d["y"], y_tag), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
                  ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), plan.post_ops(post))
     return pd, d, wtag, act
 
 
-def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST) -> _Plan:
+def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, blocks: tuple = (0, 0)) -> _Plan:
     """A plan for convolution `kind`; `blocked`: activations in the layout oneDNN prefers (reordered from and to
     NCHW around the operation), else read and written as NCHW where they are (oneDNN's GEMM-based kernels);
-    `post` (conv2d_fused): (residual, relu), oneDNN's sum and ReLU post-ops."""
+    `post` (conv2d_fused): (residual, relu), oneDNN's sum and ReLU post-ops; `blocks` (forward only): the caller's
+    x and y (with the residual) in channel blocks of that size (0: NCHW), run in that layout where oneDNN can."""
     lib = library()
     plan = _Plan(lib, f"{kind} of x {g.N}x{g.C}x{g.H}x{g.W}, w {g.K}x{g.Cg}x{g.kh}x{g.kw}, groups {g.G}")
-    fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked, post)
+    user = tuple(TAG_BLOCKED[b] if b else TAG_ABCD for b in blocks)  # the caller's layouts of x and y
+    fwd = None
+    if blocks != (0, 0):
+        try:  # the kernels for the caller's layout, so that nothing is reordered; else oneDNN's pick and reorders
+            fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked, post,
+                                            tuple(t if b else TAG_ANY for t, b in zip(user, blocks)))
+            plan.describe(fwd)
+            if plan.impl.startswith("ref"):  # its reference code (e.g. groups of 28 channels): slower than reorders
+                fwd = None
+        except OneDnnError:
+            fwd = None
+    if fwd is None:
+        fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked, post)
     ffi, q = lib.ffi, lib.lib.dnnl_primitive_desc_query_md
     dims = [ffi.new("dnnl_dims_t", d[k]) for k in ("strides", "dilates", "pad_l", "pad_r")]
     after: list = []
     if kind in ("conv2d", "conv2d_fused"):
         pd = fwd
-        x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
+        x = plan.operand_in(plan.md(d["x"], user[0]), q(pd, Q_SRC, 0))
         steps = len(plan.steps)
         w_want = q(pd, Q_WEIGHTS, 0)
         w = plan.operand_in(plan.md(d["w"], wtag), w_want)
@@ -465,7 +482,7 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST) -
         args = [(ARG_SRC, x), (ARG_WEIGHTS, w)]
         if bias:
             args.append((ARG_BIAS, plan.user_memory(plan.md([g.K], TAG_A))))
-        y_md = plan.md(d["y"], TAG_ABCD)
+        y_md = plan.md(d["y"], user[1])
         dst = plan.operand_out(y_md, q(pd, Q_DST, 0), after)
         args.append((ARG_DST, dst))
         plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b, residual)
@@ -567,26 +584,81 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
     if provider == OWN:
         ours()
         return
+    plan = _plan(kind, g, key, provider == BLOCKED, _aligned_threads())
+    _execute(plan, kind, views, addresses, weights, (key, provider))
+    if plan.tail:
+        tail()
+
+
+_unbuildable: set[tuple] = set()  # conv_blocked keys oneDNN refused
+
+
+def conv_blocked(kind: str, g, views: tuple, addresses: list[int], blocks: tuple, weights: Any = None,
+                 bias: bool = False, post: tuple = NO_POST) -> bool:
+    """Run forward convolution `kind` as `conv` does, with x and y (and the residual) in channel blocks per
+    `blocks` (0 or channel_block() each); False, having done nothing, where oneDNN is not in use or cannot run it
+    (the caller converts the layouts around its NCHW path then)."""
+    key = (kind, tuple(g.as_list()), bias, post, blocks)
+    if channel_block() == 0 or key in _unbuildable:
+        return False
+    try:
+        plan = _plan(kind, g, key, True, _aligned_threads())
+    except OneDnnError:
+        _unbuildable.add(key)
+        return False
+    _execute(plan, kind, views, addresses, weights, (key, BLOCKED))
+    return True
+
+
+def _aligned_threads() -> int:
+    """The backend's thread count, made this thread's OpenMP team size for oneDNN."""
     threads = _threads()
     if _thread.omp_threads != threads:
         # oneDNN sizes its OpenMP team from the calling thread's setting, which a new Python thread inherits from the
         # environment, not from set_num_threads: align it with the backend's count (results depend on the split)
         _kernels().sg_set_num_threads(threads)
         _thread.omp_threads = threads
-    plan = _plan(kind, g, key, provider == BLOCKED, threads)
+    return threads
+
+
+def _execute(plan: _Plan, kind: str, views: tuple, addresses: list[int], weights: Any, key: tuple) -> None:
+    """Run `plan` on `addresses`, reusing the reordered weights while their buffer is declared constant."""
     constant = None
     if weights is not None and plan.weight_step >= 0:
         from singa.backend import constant_token
 
         token = constant_token(weights.buffer)
         if token:
-            constant = ((key, provider, token, weights.offset), weights.buffer, token)
+            constant = ((*key, token, weights.offset), weights.buffer, token)
     try:
         plan.run(addresses, _thread, constant)
     except (OneDnnError, MemoryError) as exc:
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
-    if plan.tail:
-        tail()
+
+
+_block: int | None = None
+
+
+def channel_block() -> int:
+    """The channel block of the activation layout oneDNN picks for convolutions on this CPU (16 with AVX-512, 8
+    with AVX2: dnnl_aBcd16b / aBcd8b), found once by asking it for a typical layer; 0 where oneDNN is not in use
+    (absent, SINGA_ONEDNN=0 or nchw) or picks another layout."""
+    global _block
+    try:
+        if library() is None or mode() in ("0", "nchw"):
+            return 0
+    except ValueError:
+        return 0
+    if _block is None:
+        from singa.kernel_checks import ConvGeometry
+
+        g = ConvGeometry("cpu", "conv2d", (1, 64, 14, 14), (64, 64, 3, 3), (1, 64, 14, 14), 1, 1, 1, 1, ())
+        plan = _Plan(library(), "channel block probe")
+        pd = _forward_pd(plan, g, False, True)[0]
+        got = library().lib.dnnl_primitive_desc_query_md(pd, Q_DST, 0)
+        _block = next((b for b, tag in TAG_BLOCKED.items()
+                       if library().lib.dnnl_memory_desc_equal(got, plan.md([1, 64, 14, 14], tag))), 0)
+    return _block
 
 
 def _kernels():
@@ -607,7 +679,8 @@ def _plan(kind: str, g, key: tuple, blocked: bool, threads: int) -> _Plan:
     plan = _thread.plans.get(pkey)
     if plan is None:
         post = key[3] if blocked else NO_POST  # oneDNN's NCHW kernels with post-ops are slower than without
-        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2], blocked, post)
+        blocks = key[4] if len(key) > 4 else (0, 0)
+        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2], blocked, post, blocks)
         plan.tail = post != key[3]
     return plan
 
@@ -666,8 +739,11 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
 
 def reset() -> None:
     """Forget every choice, this thread's plans and the kept weights (tests change SINGA_ONEDNN between cases)."""
+    global _block
     with _choice_lock:
         _choices.clear()
+    _unbuildable.clear()
+    _block = None
     with _weights_lock:
         _weights.clear()
     _thread.plans.clear()

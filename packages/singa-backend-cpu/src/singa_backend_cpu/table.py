@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
+from singa.backend import View, channel_split
 from singa_backend_cpu import onednn
 from singa_backend_cpu.device import ffi, lib
 
@@ -260,14 +261,14 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
 
 
 def _conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
-                  activation="none") -> None:
+                  activation="none", blocks=(0, 0)) -> None:
     kernel_checks.conv_fused_args("cpu", out, residual, activation)
-    _conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups)
+    _conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks)
 
 
-def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups) -> None:
+def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks=(0, 0)) -> None:
     """conv2d, and conv2d_fused: oneDNN adds the residual and applies ReLU as post-ops of the convolution (one pass
-    over the output); our own kernel runs them as the add and relu kernels after it."""
+    over the output); our own kernel runs them as the add and relu kernels after it. `blocks`: see _conv_blocked."""
     views = (out, x, w, b, residual)
     if (x.dtype not in FLOATS or w.dtype != x.dtype or out.dtype != x.dtype
             or any(v is not None and v.dtype != x.dtype for v in (b, residual))):
@@ -275,6 +276,9 @@ def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dil
     x, w, b, residual = _contiguous(x), _contiguous(w), _contiguous(b), _contiguous(residual)
     g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
     relu = activation == "relu"
+    if blocks != (0, 0):
+        _conv_blocked(name, out, x, w, b, residual, activation, g, views, tuple(blocks))
+        return
 
     def tail() -> None:
         if residual is not None:
@@ -295,6 +299,34 @@ def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dil
     operands = [v for v in (out, x, w, b, residual) if v is not None]
     onednn.conv(name, g, views, [_address(v) for v in operands], ours, weights=w, bias=b is not None,
                 post=(residual is not None, relu), tail=tail)
+
+
+def _conv_blocked(name, out, x, w, b, residual, activation, g, views, blocks) -> None:
+    """conv2d_fused with x (blocks[0]) and out with the residual (blocks[1]) in channel blocks of
+    onednn.channel_block(): oneDNN reads and writes them where they lie; where it cannot run the shape, the operands
+    are converted to NCHW and back around the NCHW path (backend.channel_split views, the copy kernel)."""
+    block = onednn.channel_block()
+    if (block == 0 or out.strides != _layout(out.shape)[0] or any(v not in (0, block) for v in blocks)
+            or (blocks[0] and g.C % block) or (blocks[1] and g.K % block)):
+        raise _shape_error(name, views, f"blocks {blocks}: each must be 0 or this device's channel block "
+                                        f"{block or '(none: oneDNN is not in use)'}, dividing the channels")
+    if x.dtype == F32:
+        operands = [v for v in (out, x, w, b, residual) if v is not None]
+        if onednn.conv_blocked(name, g, views, [_address(v) for v in operands], blocks, weights=w,
+                               bias=b is not None, post=(residual is not None, activation == "relu")):
+            return
+
+    def plain(v, blocked: int):
+        if v is None or not blocked:
+            return v
+        t = View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
+        _copy(channel_split(t, blocked, False), channel_split(v, blocked, True))
+        return t
+
+    xp, rp, op = plain(x, blocks[0]), plain(residual, blocks[1]), plain(out, blocks[1])
+    _conv_forward(name, op, xp, w, b, rp, activation, (g.sh, g.sw), (g.pt, g.pl, g.pb, g.pr), (g.dh, g.dw), g.G)
+    if op is not out:
+        _copy(channel_split(out, blocks[1], True), channel_split(op, blocks[1], False))
 
 
 def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:

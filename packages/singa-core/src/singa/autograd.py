@@ -24,6 +24,7 @@ also an AssertionError, the type SINGA's own asserts raise, so scripts written f
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 import math
 import sys
@@ -80,6 +81,18 @@ class _AutogradModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _AutogradModule
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Switch recording off for the calling thread inside the block (as torch.no_grad): operators compute without
+    keeping what a backward pass needs. Other threads, and the value new threads start from, are untouched."""
+    prev = training.value
+    training.value = False
+    try:
+        yield
+    finally:
+        training.value = prev
 
 _FLOATS = frozenset(_dt.FLOATS + (_dt.float64,))
 _INTS = frozenset(_dt.INTS)

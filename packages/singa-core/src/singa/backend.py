@@ -120,6 +120,18 @@ def contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
+def channel_split(view, block: int, blocked: bool) -> View:
+    """The 5-D view (N, C/block, block, H, W) of a contiguous 4-D view (N, C, H, W): of its elements laid out as NCHW,
+    or with `blocked` as channel blocks (N, C/block, H, W, block), the layout `Device.channel_block` names. A copy
+    between the two converts one layout into the other."""
+    N, C, H, W = view.shape
+    if block <= 0 or C % block:
+        raise ValueError(f"{C} channels do not split into blocks of {block}")
+    hw = H * W
+    strides = (C * hw, hw * block, 1, W * block, block) if blocked else (C * hw, block * hw, hw, W, 1)
+    return make_view(view.buffer, view.dtype, (N, C // block, block, H, W), strides, view.offset)
+
+
 def is_contiguous(view) -> bool:
     s = 1
     for d, st in zip(reversed(view.shape), reversed(view.strides)):
@@ -243,6 +255,10 @@ class Device:
     # dtypes its kernels compute; a device adds dtypes.float64 only if every kernel it has (or the fallback) handles it
     dtypes: ClassVar[tuple] = dtypes.ALL
     _graph: Any = None  # singa.device_graph.DeviceGraph, made by the first graph call
+    # B > 0: the device's conv2d_fused also takes `blocks`, reading x and writing out (and the residual) in channel
+    # blocks (N, C/B, H, W, B), the layout its library runs fastest (see channel_split); the ONNX inference plan then
+    # keeps the activations between convolutions in it. 0: NCHW only, and `blocks` is never passed.
+    channel_block: int = 0
 
     def __init__(self, id: int = 0):
         self.id = id

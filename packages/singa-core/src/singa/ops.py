@@ -1557,10 +1557,14 @@ def _float_pair(op: str, a: Tensor, b: Tensor) -> None:
 
 
 def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           groups: int = 1, *, residual: Tensor | None = None, activation: str = "none") -> Tensor:
+           groups: int = 1, *, residual: Tensor | None = None, activation: str = "none",
+           blocks: tuple[int, int] = (0, 0)) -> Tensor:
     """2-D cross-correlation: x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) -> (N, K, OH, OW).
     padding: int, (ph, pw) or (top, left, bottom, right). `residual` (the output's shape) is added and `activation`
     ('none' or 'relu') applied in the same call (the conv2d_fused kernel: one pass where the backend fuses them).
+    `blocks` (bx, bout), each 0 or the device's `channel_block`: x, and the output with the residual, hold their
+    elements in channel blocks (N, C/B, H, W, B) instead of NCHW (their shapes stay NCHW; for code that keeps such
+    tensors to itself, as the ONNX inference plan does between convolutions).
     Not differentiable with a residual or an activation: autograd composes those steps itself."""
     op = "conv2d"
     _tensor(op, x, "x")
@@ -1575,7 +1579,13 @@ def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, paddi
                              f"{w.shape}")
         b = _contiguous_input(b)
     operands = (_contiguous_input(x), _contiguous_input(w), b)
-    if residual is None and activation == "none":
+    if blocks != (0, 0):
+        block = x.device.channel_block
+        if block <= 0 or any(v not in (0, block) for v in blocks) or (blocks[0] and x.shape[1] % block) or (
+                blocks[1] and oshape[1] % block):
+            raise ValueError(f"conv2d: blocks {blocks} for x {x.shape} -> {oshape} on {x.device.name}, whose channel "
+                             f"block is {block}: each must be 0 or {block}, dividing the channels")
+    elif residual is None and activation == "none":
         return _run(op, "conv2d", x.dtype, oshape, x.device, operands, params, None)
     if activation not in _FUSED_ACTIVATIONS:
         raise ValueError(f"conv2d: activation {activation!r}, expected one of {_FUSED_ACTIVATIONS}")
@@ -1585,8 +1595,10 @@ def conv2d(x: Tensor, w: Tensor, b: Tensor | None = None, stride: Any = 1, paddi
         if residual.shape != oshape:
             raise ValueError(f"conv2d: residual shape {residual.shape} does not match the output {oshape}")
         residual = _contiguous_input(residual)
-    return _run(op, "conv2d_fused", x.dtype, oshape, x.device, operands + (residual,),
-                {**params, "activation": activation}, None)
+    params = {**params, "activation": activation}
+    if blocks != (0, 0):
+        params["blocks"] = tuple(blocks)
+    return _run(op, "conv2d_fused", x.dtype, oshape, x.device, operands + (residual,), params, None)
 
 
 def conv2d_backward_data(dy: Tensor, w: Tensor, x_shape: Sequence[int], stride: Any = 1, padding: Any = 0,

@@ -72,7 +72,9 @@ SPECIAL = [
       ("stride", "padding", "dilation", "groups", "activation"),
       "out = act(conv2d(x, w, b) + residual): residual (N, K, OH, OW) or None, never overlapping out; activation "
       "'relu' or 'none'. Optional (see COMPOSED): without it, the core runs conv2d, add and relu of the same "
-      "backend.", "nn"),
+      "backend. Where `Device.channel_block` is B > 0, it also takes `blocks=(bx, bout)`, each 0 or B: x, and "
+      "out with the residual, laid out in channel blocks (N, C/B, H, W, B) (see backend.channel_split); the "
+      "keyword is never passed elsewhere.", "nn"),
     P("conv2d_backward_data", ("dx",), ("dy", "w"), ("stride", "padding", "dilation", "groups"),
       "Gradient of conv2d with respect to x; dx has x's shape.", "nn"),
     P("conv2d_backward_weight", ("dw",), ("dy", "x"), ("stride", "padding", "dilation", "groups"),

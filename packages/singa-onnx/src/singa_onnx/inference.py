@@ -7,9 +7,11 @@ with autograd off and every tensor of its `tensor_map` frozen. It holds:
   convolutions before them);
 * per input signature (the shapes and dtypes of the inputs), a `singa.graph` recording of one run: the kernel calls
   with their arguments, their temporaries placed in one planned arena. The first run with a signature runs the program
-  eagerly, the second records it (also eagerly, so its results are that run's), later ones copy the inputs into the
-  recorded input tensors and replay the kernels: no operator dispatch, shape checks, autograd bookkeeping or
-  allocation per node. Replays compute bit for bit what the eager run computes.
+  eagerly and notes every value's shape, the second records it (also eagerly, so its results are that run's) with the
+  activations between convolutions in channel blocks where the device has them (singa_onnx.layout, from those
+  shapes), later ones copy the inputs into the recorded input tensors and replay the kernels: no operator dispatch,
+  shape checks, autograd bookkeeping or allocation per node. Replays compute bit for bit what the recorded run
+  computes.
 
 A run that cannot be replayed (a node reads device data back to the host, e.g. a data-dependent shape; sequence or
 string inputs; a graph recording of someone else's in progress) runs eagerly every time, with the same results.
@@ -23,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from singa import backend, graph, ops
+from singa import autograd, backend, graph, ops
 from singa.backend import Device, View
 from singa.tensor import Tensor
+from singa_onnx.layout import blocked_values
 from singa_onnx.optimize import fold
 from singa_onnx.runtime import ImportedGraph, Runtime, execute
 
@@ -34,14 +37,16 @@ _MAX_SEEN = 64
 
 
 class _Replay:
-    """One recorded run: its graph, the input tensors it reads and the values it leaves as outputs."""
+    """One recorded run: its graph, the input tensors it reads, the values it leaves as outputs and the values it
+    keeps in channel blocks."""
 
-    __slots__ = ("graph", "inputs", "outputs")
+    __slots__ = ("graph", "inputs", "outputs", "blocked")
 
-    def __init__(self, g: graph.Graph, inputs: list, outputs: list):
+    def __init__(self, g: graph.Graph, inputs: list, outputs: list, blocked: frozenset):
         self.graph = g
         self.inputs = inputs  # [(View of the recorded input tensor, kind)] in signature order
         self.outputs = outputs
+        self.blocked = blocked
 
 
 class InferencePlan:
@@ -88,6 +93,10 @@ class InferencePlan:
         """How many recorded runs the plan holds."""
         return sum(1 for g in self._graphs.values() if g is not None)
 
+    def blocked(self) -> set[str]:
+        """The values its recorded runs keep in channel blocks between convolutions (singa_onnx.layout)."""
+        return {n for g in self._graphs.values() if g is not None for n in g.blocked}
+
     # -- running ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Any) -> tuple[list, bool]:
         """(output values in graph-output order, whether any input was a Tensor). Tensor outputs are never shared with
@@ -104,18 +113,26 @@ class InferencePlan:
                     self._graphs.move_to_end(sig)
                     return self._replay(rec, values, as_tensors), as_tensors
             elif sig in self._seen:
-                del self._seen[sig]
-                return self._record(sig, values, as_tensors), as_tensors
+                return self._record(sig, values, as_tensors, self._seen.pop(sig)), as_tensors
             else:
                 if len(self._seen) >= _MAX_SEEN:
                     self._seen.clear()
-                self._seen[sig] = True
+                self._seen[sig] = shapes = {}
+                feeds = {name: imp.feed_value(name, v, self.device) for name, v in items}
+                return self._execute(feeds, observe=shapes), as_tensors
         feeds = {name: imp.feed_value(name, v, self.device) for name, v in items}
         return self._execute(feeds), as_tensors
 
-    def _execute(self, feeds: dict) -> list:
-        prog = self.program
-        vals = execute(prog, self.runtime, feeds)
+    def _execute(self, feeds: dict, observe: dict | None = None, blocked: frozenset = frozenset()) -> list:
+        """Run the folded program (recording nothing for autograd: no gradient flows through a plan); `observe`
+        receives the values' shapes, `blocked` names the values kept in channel blocks (singa_onnx.layout)."""
+        prog, rt = self.program, self.runtime
+        rt.blocked, rt.block = blocked, self.device.channel_block if blocked else 0
+        try:
+            with autograd.no_grad():
+                vals = execute(prog, rt, feeds, observe=observe)
+        finally:
+            rt.blocked, rt.block = frozenset(), 0
         return [vals[n] for n in prog.outputs]
 
     def _prepare(self, items: list) -> tuple | None:
@@ -141,8 +158,11 @@ class InferencePlan:
                 values.append((name, "h", arr))
         return tuple(sig), values
 
-    def _record(self, sig: tuple, values: list, as_tensors: bool) -> list:
+    def _record(self, sig: tuple, values: list, as_tensors: bool, shapes: dict) -> list:
+        """Run once more, recording the kernels; the activations between convolutions in channel blocks where the
+        device has them, as the first run's `shapes` allow."""
         dev = self.device
+        blocked = blocked_values(self.program, shapes, dev.channel_block)
         feeds, binds = {}, []
         for name, kind, v in values:
             if kind is None:
@@ -156,14 +176,14 @@ class InferencePlan:
             feeds[name] = t
             binds.append((View(t.buffer, t.dtype, t.shape, t.strides, t.offset), kind))
         with graph.Recorder(dev) as rec:
-            outs = self._execute(feeds)
+            outs = self._execute(feeds, blocked=blocked)
         del feeds
         try:
             g = rec.finish(sequential=True)
         except graph.GraphUnsupported:
             self._graphs[sig] = None
             return outs  # computed eagerly, nothing kept: they are the caller's
-        self._graphs[sig] = _Replay(g, binds, outs)
+        self._graphs[sig] = _Replay(g, binds, outs, blocked)
         while len(self._graphs) > MAX_GRAPHS:
             self._graphs.popitem(last=False)
         return self._outputs(outs, as_tensors)

@@ -462,11 +462,11 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
 # -- Conv + residual Add + Relu, as one FusedConv node -----------------------------------------------------------
 
 def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
-    """Replace a 2-D float Conv whose output only a Relu reads, or only an Add (or two-input Sum) reads whose output
-    only a Relu reads (ResNet's residual), or only such an Add, with one FusedConv node (onnxruntime's com.microsoft
-    operator: Relu(Conv(X, W, B) + Z)), placed where the last replaced node was. It runs as one conv2d_fused kernel
-    (oneDNN's sum and ReLU post-ops on the CPU); where Z's shape turns out not to be the convolution's, it runs as
-    the separate steps."""
+    """Replace each 2-D float Conv with constant weights by a FusedConv node (onnxruntime's com.microsoft operator:
+    Relu(Conv(X, W, B) + Z)) that also takes the Relu, or the Add / two-input Sum (ResNet's residual) and a Relu
+    after it, reading its output alone (see _conv_group), placed where the last replaced node was. It runs as one
+    conv2d_fused kernel (oneDNN's sum and ReLU post-ops on the CPU); where Z's shape turns out not to be the
+    convolution's, it runs as the separate steps."""
     flow = _Dataflow(nodes, outputs)
     entry = lookup("com.microsoft", "FusedConv", 1)
     replaced: dict[int, OnnxNode] = {}
@@ -477,25 +477,9 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         w = values.get(conv.inputs[1])
         if not isinstance(w, (Tensor, np.ndarray)) or len(w.shape) != 4:  # 2-D convolutions, constant weights
             continue
-        y = conv.outputs[0]
-        nxt = flow.sole(y, ("Relu", "Add", "Sum"))
-        if nxt is None:
-            continue
-        group, z = [conv], None
-        if nxt.op_type in ("Add", "Sum"):
-            if len(nxt.inputs) != 2 or nxt.inputs[0] == nxt.inputs[1]:
-                continue
-            z = nxt.inputs[1] if nxt.inputs[0] == y else nxt.inputs[0]
-            if z in values:  # a constant: a bias the folder left (not per channel), broadcast, not a residual
-                continue
-            group.append(nxt)
-            relu = flow.sole(nxt.outputs[0], ("Relu",))
-            if relu is not None:
-                group.append(relu)
-        else:
-            group.append(nxt)
-        if any(id(n) in dropped or id(n) in replaced for n in group):
-            continue
+        group, z = _conv_group(conv, flow, values)
+        if any(id(n) in dropped or id(n) in replaced for n in group):  # the Add went to the other convolution
+            group, z = [conv], None
         last = group[-1]
         fused = copy.copy(conv)
         fused.op_type, fused.domain, fused.opset = "FusedConv", "com.microsoft", 1
@@ -503,7 +487,7 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
         fused.inputs = [conv.inputs[0], conv.inputs[1], bias] + ([z] if z is not None else [])
         fused.uses = [n for n in fused.inputs if n]
-        z_type = [nxt.in_types[nxt.inputs.index(z)]] if z is not None else []
+        z_type = [group[1].in_types[group[1].inputs.index(z)]] if z is not None else []
         fused.in_types = (list(conv.in_types) + [None] * 3)[:3] + z_type
         fused.outputs, fused.out_types = list(last.outputs), list(last.out_types)
         fused.attrs = OnnxAttributes(conv.attrs)
@@ -512,3 +496,22 @@ def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
         replaced[id(last)] = fused
         dropped.update(id(n) for n in group if n is not last)
     return _splice(nodes, replaced, dropped)
+
+
+def _conv_group(conv: OnnxNode, flow: _Dataflow, values: dict) -> tuple[list[OnnxNode], str | None]:
+    """(the nodes one FusedConv replaces, conv first, and its residual Z or None): the Relu, or the Add / Sum with Z
+    and the Relu after it, that alone read the convolution's output; the convolution alone (a FusedConv with
+    nothing fused, the form singa_onnx.layout handles) where no such node follows."""
+    y = conv.outputs[0]
+    nxt = flow.sole(y, ("Relu", "Add", "Sum"))
+    if nxt is None:
+        return [conv], None
+    if nxt.op_type == "Relu":
+        return [conv, nxt], None
+    if len(nxt.inputs) != 2 or nxt.inputs[0] == nxt.inputs[1]:
+        return [conv], None
+    z = nxt.inputs[1] if nxt.inputs[0] == y else nxt.inputs[0]
+    if z in values:  # a constant: a bias the folder left (not per channel), broadcast, not a residual
+        return [conv], None
+    relu = flow.sole(nxt.outputs[0], ("Relu",))
+    return ([conv, nxt, relu] if relu is not None else [conv, nxt]), z

@@ -366,6 +366,9 @@ class Runtime:
         self.device = device
         self.params = params if params is not None else {}
         self.training = training  # dropout and batch statistics active (imported models being trained)
+        # values kept in channel blocks of `block` (singa_onnx.layout; the inference plan sets them for a run)
+        self.blocked: frozenset[str] = frozenset()
+        self.block = 0
 
     @property
     def recording(self) -> bool:
@@ -390,13 +393,16 @@ class _Scope:
 
 
 def execute(prog: Program, rt: Runtime, feeds: dict[str, Any], parent: _Scope | None = None, stop: int | None = None,
-            keep: Iterable[str] = ()) -> dict[str, Any]:
-    """Run nodes[:stop] of prog; returns the values of its outputs (or of everything in `keep`) by name."""
+            keep: Iterable[str] = (), observe: dict | None = None) -> dict[str, Any]:
+    """Run nodes[:stop] of prog; returns the values of its outputs (or of everything in `keep`) by name.
+    `observe`, if given, receives {name: (shape, dtype)} of every Tensor fed or returned by a node."""
     vals: dict[str, Any] = {}
     for name, arr in prog.initializers.items():
         p = rt.params.get(name) if parent is None else None
         vals[name] = p if p is not None else arr
     vals.update(feeds)
+    if observe is not None:
+        observe.update((n, (v.shape, v.dtype)) for n, v in feeds.items() if isinstance(v, Tensor))
     scope = _Scope(vals, parent)
     keep = set(keep)
     nodes = prog.nodes if stop is None else prog.nodes[:stop]
@@ -415,6 +421,8 @@ def execute(prog: Program, rt: Runtime, feeds: dict[str, Any], parent: _Scope | 
         for n, v in zip(node.outputs, outs):
             if n:
                 vals[n] = v
+                if observe is not None and isinstance(v, Tensor):
+                    observe[n] = (v.shape, v.dtype)
         if stop is None:
             for n in prog.release[i]:
                 if n not in keep:

@@ -164,9 +164,13 @@ def fused_conv(node, inputs, opset):
         spatial = tuple((x.shape[2 + i] + pads[i] + pads[2 + i] - dils[i] * (w.shape[2 + i] - 1) - 1) // strides[i] + 1
                         for i in range(2))
         if z is None or (tuple(z.shape) == (x.shape[0], w.shape[0]) + spatial and z.dtype == x.dtype):
-            # one kernel (conv2d_fused) where nothing is trained
+            # one kernel (conv2d_fused) where nothing is trained; values the plan keeps in channel blocks stay so
+            rt = node.rt
+            blocks = (0, 0)
+            if rt is not None and rt.blocked:
+                blocks = tuple(rt.block if n in rt.blocked else 0 for n in (node.inputs[0], node.outputs[0]))
             return ops.conv2d(x, w, b, tuple(strides), tuple(pads), tuple(dils), group, residual=z,
-                              activation="relu" if activation else "none")
+                              activation="relu" if activation else "none", blocks=blocks)
     y = conv_nd(x, w, b, strides, pads, dils, group)
     if z is not None:
         y = autograd.add(y, z)
@@ -466,7 +470,15 @@ def lp_pool(node, inputs, opset):
 
 @register("GlobalAveragePool")
 def global_average_pool(node, inputs, opset):
-    return autograd.globalaveragepool(tensor(node, inputs[0]))
+    x = tensor(node, inputs[0])
+    rt = node.rt
+    if rt is not None and node.inputs[0] in rt.blocked:
+        # x in channel blocks (N, C/B, H, W, B) (singa_onnx.layout): the means over H*W of each block's columns are
+        # the (N, C) means in channel order, which is (N, C, 1, 1) in either layout
+        n, c, h, w = x.shape
+        means = ops.mean(ops.reshape(x, (n, c // rt.block, h * w, rt.block)), axis=2)
+        return ops.reshape(means, (n, c, 1, 1))
+    return autograd.globalaveragepool(x)
 
 
 @register("GlobalMaxPool")
