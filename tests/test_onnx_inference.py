@@ -139,9 +139,10 @@ def test_a_convolution_read_twice_is_not_fused(dev):
 
 
 def fire_and_residual(c=32):
-    """SqueezeNet's fire module and ResNet's projection block in one graph, with a pooling and an odd-width tail:
+    """SqueezeNet's fire module and ResNet's projection block in one graph, with poolings and an odd-width tail:
     Conv-Relu -> [1x1 Conv-Relu, 3x3 Conv-Relu] -> Concat -> Relu -> Conv + 1x1 Conv shortcut -> Relu ->
-    GlobalAveragePool -> g; the concatenation's Relu also -> MaxPool -> Conv (20 channels, not whole blocks) -> y."""
+    GlobalAveragePool -> g; the concatenation's Relu also -> MaxPool (ceil mode) -> Conv (20 channels, not whole
+    blocks) -> y."""
     inits = [nh.from_array(arr(c, 3, 3, 3, scale=0.3), "W0"), nh.from_array(arr(c, scale=0.1), "B0"),
              nh.from_array(arr(c, c, 1, 1, scale=0.2), "We1"), nh.from_array(arr(c, c, 3, 3, scale=0.1), "We3"),
              nh.from_array(arr(2 * c, 2 * c, 3, 3, scale=0.05), "W2"),
@@ -157,7 +158,7 @@ def fire_and_residual(c=32):
              helper.make_node("Conv", ["r0", "Ws"], ["sc"]),
              helper.make_node("Add", ["c2", "sc"], ["s"]), helper.make_node("Relu", ["s"], ["rs"]),
              helper.make_node("GlobalAveragePool", ["rs"], ["g"]),
-             helper.make_node("MaxPool", ["rcat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["rcat"], ["p"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
              helper.make_node("Conv", ["p", "W3"], ["y"], pads=[1, 1, 1, 1])]
     return make_model(nodes, [vi("x", ["N", 3, 8, 8])], [vi("y", ["N", 20, 4, 4]), vi("g", ["N", 2 * c, 1, 1])],
                       inits)
@@ -179,9 +180,9 @@ def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch):
     if dev.channel_block == 0:  # no blocked layout on this device (no oneDNN): nothing changes
         assert blocked == set()
         return
-    # r0 feeds three convolutions; the residual sum (read by GlobalAveragePool) and the shortcut it adds are blocked;
-    # the concatenation's group is not (MaxPool reads its Relu), nor y (an output, 20 channels)
-    assert blocked == {"r0", "rs", "sc"}, blocked
+    # r0 feeds three convolutions; the residual sum (read by GlobalAveragePool) and the shortcut it adds; the
+    # concatenation, its inputs, its Relu and that one's pooling; not y (an output, and 20 channels)
+    assert blocked == {"r0", "rs", "sc", "re1", "re3", "cat", "rcat", "p"}, blocked
 
 
 @pytest.mark.parametrize(("activation", "params"), [("Relu", []), ("", []), ("LeakyRelu", [0.2]), ("Tanh", []),

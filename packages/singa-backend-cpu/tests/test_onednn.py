@@ -452,3 +452,31 @@ def test_blocks_the_device_does_not_have_are_refused():
     if DEV.channel_block:
         with pytest.raises(ValueError, match="dividing the channels"):
             ops.conv2d(x, w, blocks=(DEV.channel_block, 0))  # 20 channels are not whole blocks of 8 or 16
+
+
+# (N, C, H, W, kernel, stride, padding (t, l, b, r), dilation, ceil_mode)
+BLOCKED_POOLS = [(2, 32, 8, 8, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True),  # ceil mode: the last windows clipped
+                 (1, 16, 8, 7, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False),
+                 (1, 32, 7, 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), False),
+                 (2, 16, 9, 10, (3, 2), (2, 1), (1, 0, 1, 1), (2, 1), True)]
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["onednn", "converted"])
+@pytest.mark.parametrize("case", BLOCKED_POOLS, ids=lambda c: f"{c[2]}x{c[3]}-k{c[4][0]}{c[4][1]}-ceil{int(c[8])}")
+def test_channel_blocked_pooling_matches_nchw_pooling(case, own, monkeypatch):
+    # pool2d(blocks=B): what the backend's NCHW kernel computes (the conformance suite checks that one against
+    # float64), for max and both average divisors
+    from singa import ops
+
+    block = DEV.channel_block
+    if not block:
+        return
+    if own:
+        monkeypatch.setattr(onednn, "pool_blocked", lambda *a, **k: False)
+    n, c, h, w, kernel, stride, pad, dil, ceil = case
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    tx, tb = tensor.from_numpy(x, DEV), tensor.from_numpy(to_blocks(x, block), DEV)
+    for mode, include in (("max", False), ("avg", False), ("avg", True)):
+        want = tensor.to_numpy(ops.pool2d(tx, kernel, stride, pad, dil, mode, ceil, include))
+        got = tensor.to_numpy(ops.pool2d(tb, kernel, stride, pad, dil, mode, ceil, include, blocks=block))
+        np.testing.assert_allclose(from_blocks(got, block), want, rtol=1e-6, atol=1e-6, err_msg=f"{mode} {include}")

@@ -83,6 +83,10 @@ dnnl_status_t dnnl_convolution_backward_weights_primitive_desc_create(
     const_dnnl_memory_desc_t diff_weights, const_dnnl_memory_desc_t diff_bias, const_dnnl_memory_desc_t diff_dst,
     const dnnl_dims_t strides, const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
     const dnnl_primitive_desc_t hint_fwd_pd, const void *attr);
+dnnl_status_t dnnl_pooling_forward_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int prop_kind, int alg_kind, const_dnnl_memory_desc_t src,
+    const_dnnl_memory_desc_t dst, const dnnl_dims_t strides, const dnnl_dims_t kernel, const dnnl_dims_t dilation,
+    const dnnl_dims_t padding_l, const dnnl_dims_t padding_r, const void *attr);
 dnnl_status_t dnnl_reorder_primitive_desc_create(
     dnnl_primitive_desc_t *pd, const_dnnl_memory_desc_t src, dnnl_engine_t src_engine,
     const_dnnl_memory_desc_t dst, dnnl_engine_t dst_engine, const void *attr);
@@ -109,7 +113,8 @@ dnnl_status_t dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t
 F32 = 3  # dnnl_f32
 TAG_ANY, TAG_A, TAG_ABCD, TAG_ABCDE = 1, 2, 5, 6
 TAG_BLOCKED = {16: 78, 8: 102}  # channel blocks of B: dnnl_aBcd16b, dnnl_aBcd8b (N, C/B, H, W, B)
-FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
+FORWARD_TRAINING, FORWARD_INFERENCE, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 96, 160, 192
+POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
 CONVOLUTION_DIRECT = 1
 ELTWISE_RELU, DATA_TYPE_UNDEF = 0x20, 0
 ENGINE_CPU, STREAM_DEFAULT = 1, 1
@@ -634,6 +639,48 @@ def _execute(plan: _Plan, kind: str, views: tuple, addresses: list[int], weights
         plan.run(addresses, _thread, constant)
     except (OneDnnError, MemoryError) as exc:
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
+
+
+def pool_blocked(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
+                 stride: tuple, padding: tuple, dilation: tuple, mode: str, count_include_pad: bool) -> bool:
+    """pool2d (no indices) on x and y in channel blocks of `block`, with oneDNN's pooling; False, having done
+    nothing, where oneDNN is not in use or its semantics differ: average pooling counting the padding whose windows
+    run past the declared padding (ceil mode), where oneDNN would count that part too."""
+    key = ("pool2d", tuple(x_shape), tuple(y_shape), block, kernel, stride, padding, dilation, mode,
+           count_include_pad)
+    if channel_block() != block or key in _unbuildable:
+        return False
+    threads = _aligned_threads()
+    plan = _thread.plans.get((key, threads))
+    if plan is None:
+        lib = library()
+        (pt, pl, pb, pr), k, s, d = padding, kernel, stride, dilation
+        ends = []  # the bottom and right padding oneDNN needs for the output size the caller chose
+        for n, o, kk, ss, dd, begin, end in ((x_shape[2], y_shape[2], k[0], s[0], d[0], pt, pb),
+                                             (x_shape[3], y_shape[3], k[1], s[1], d[1], pl, pr)):
+            reach = (kk - 1) * dd + 1
+            ends.append(end if (n + begin + end - reach) // ss + 1 == o else (o - 1) * ss + reach - n - begin)
+        if mode == "avg" and count_include_pad and tuple(ends) != (pb, pr):
+            _unbuildable.add(key)
+            return False
+        alg = POOLING_MAX if mode == "max" else POOLING_AVG_INCLUDE if count_include_pad else POOLING_AVG_EXCLUDE
+        plan = _Plan(lib, f"pool2d of x {'x'.join(map(str, x_shape))}")
+        ffi, tag = lib.ffi, TAG_BLOCKED[block]
+        x_md, y_md = plan.md(x_shape, tag), plan.md(y_shape, tag)
+        try:
+            pd = plan.pd(lib.lib.dnnl_pooling_forward_primitive_desc_create, lib.engine, FORWARD_INFERENCE, alg,
+                         x_md, y_md, ffi.new("dnnl_dims_t", list(s)), ffi.new("dnnl_dims_t", list(k)),
+                         ffi.new("dnnl_dims_t", [d[0] - 1, d[1] - 1]), ffi.new("dnnl_dims_t", [pt, pl]),
+                         ffi.new("dnnl_dims_t", ends), ffi.NULL)
+        except OneDnnError:
+            _unbuildable.add(key)
+            return False
+        y_mem = plan.user_memory(y_md)  # y first, as the addresses come
+        plan.step(pd, [(ARG_SRC, plan.user_memory(x_md)), (ARG_DST, y_mem)])
+        plan.describe(pd)
+        _thread.plans[(key, threads)] = plan
+    _execute(plan, "pool2d", views, [y_addr, x_addr], None, ())
+    return True
 
 
 _block: int | None = None

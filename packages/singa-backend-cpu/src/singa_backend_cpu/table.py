@@ -372,13 +372,30 @@ def _pool_geometry(name, x_shape, y_shape, kernel, stride, padding, dilation, mo
 
 
 def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
-            count_include_pad=False) -> None:
+            count_include_pad=False, blocks=0) -> None:
     views = (out, indices, x)
     if x.dtype not in FLOATS or out.dtype != x.dtype:
         raise _dtype_error("pool2d", views, FLOATS)
     kernel_checks.pool_indices("cpu", views, indices, out)
     x = _contiguous(x)
     code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
+    if blocks:
+        block = onednn.channel_block()
+        if (blocks != block or indices is not None or out.strides != _layout(out.shape)[0]
+                or x.shape[1] % block):
+            raise _shape_error("pool2d", views, f"blocks {blocks}: must be this device's channel block "
+                                                f"{block or '(none: oneDNN is not in use)'}, dividing the channels, "
+                                                "without indices")
+        args = (kernel, stride or kernel, padding, dilation, mode, count_include_pad)
+        if x.dtype == F32 and onednn.pool_blocked(views, x.shape, out.shape, _address(x), _address(out), block,
+                                                  *args):
+            return
+        xp, op = (View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
+                  for v in (x, out))
+        _copy(channel_split(xp, block, False), channel_split(x, block, True))
+        _pool2d(op, None, xp, *args)
+        _copy(channel_split(out, block, True), channel_split(op, block, False))
+        return
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
     status = lib.sg_pool2d(x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset,
                            out.buffer.handle, out.offset, ih, io, geom)

@@ -1670,13 +1670,20 @@ def _pool_params(op: str, kernel, stride, padding, dilation, mode, count_include
 
 def pool2d(x: Tensor, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1, mode: str = "max",
            ceil_mode: bool = False, count_include_pad: bool = True,
-           return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+           return_indices: bool = False, blocks: int = 0) -> Tensor | tuple[Tensor, Tensor | None]:
     """2-D max or average pooling of x (N, C, H, W); stride defaults to the kernel. With return_indices (max only),
-    returns (y, indices) where indices (int64) feed pool2d_backward."""
+    returns (y, indices) where indices (int64) feed pool2d_backward. `blocks`: 0, or the device's `channel_block`
+    with x and y in channel blocks (see conv2d; no indices then)."""
     op = "pool2d"
     _tensor(op, x)
     _supported(op, x.dtype, _FLOATS)
     params = _pool_params(op, kernel, stride, padding, dilation, mode, count_include_pad)
+    if blocks:
+        block = x.device.channel_block
+        if blocks != block or len(x.shape) != 4 or x.shape[1] % block or return_indices:
+            raise ValueError(f"pool2d: blocks {blocks} for x {x.shape} on {x.device.name}, whose channel block is "
+                             f"{block}: it must be {block or 'unused'}, dividing the channels, without indices")
+        params["blocks"] = blocks
     oshape = pool_output_shape(x.shape, params["kernel"], params["stride"], params["padding"], params["dilation"],
                                ceil_mode)
     dev = x.device

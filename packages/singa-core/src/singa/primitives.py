@@ -85,7 +85,8 @@ SPECIAL = [
       "'max', padded positions never win and `indices` (int64, out's shape, or None) receives the flat index h*W+w of "
       "the winner in its (n, c) plane (a window with no element inside the input gives 0 and index -1). For "
       "'avg' `indices`, if given, is filled with -1; the divisor counts the window's elements inside [0, H) x [0, W), plus, with count_include_pad, those "
-      "inside the declared padding.", "nn"),
+      "inside the declared padding. Where `Device.channel_block` is B > 0, it also takes `blocks=B`: x and out in channel "
+      "blocks (as conv2d_fused's), indices None.", "nn"),
     P("pool2d_backward", ("dx",), ("dy", "x", "indices?"), ("kernel", "stride", "padding", "dilation", "mode", "count_include_pad"),
       "Gradient of pool2d: 'max' scatters dy to `indices` (from the forward), 'avg' spreads dy over each window with "
       "the forward's divisor. dx has x's shape.", "nn"),

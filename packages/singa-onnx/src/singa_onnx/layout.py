@@ -8,8 +8,9 @@ instead keeps a value blocked when everything that touches it can take it so:
 * FusedConv nodes (every float 2-D convolution of the folded program) write it, read it as input x or as the
   residual (which shares the output's layout);
 * Relu, same-shape Add / Sum and channel Concat give the same elements in either layout when all their operands
-  share it (a concatenation of whole channel blocks copies the same byte ranges as an NCHW one), so each such node
-  joins its inputs and output into one group that is blocked or not as a whole;
+  share it (a concatenation of whole channel blocks copies the same byte ranges as an NCHW one), and 2-D MaxPool /
+  AveragePool run in it (pool2d's `blocks`), so each such node joins its inputs and output into one group that is
+  blocked or not as a whole;
 * GlobalAveragePool reads it (its (N, C, 1, 1) output is the same in both layouts, and left NCHW).
 
 A value is never blocked if it is a graph output, is not a 4-D float32 tensor whose channels divide into blocks,
@@ -100,7 +101,7 @@ def _plain_conv(node: Any, shapes: dict, block: int) -> bool:
 
 def _layout_free(node: Any, shapes: dict) -> bool:
     """A node that computes the same elements in either layout: Relu; Add / Sum of two operands of the output's
-    shape (no broadcasting); Concat along the channels."""
+    shape (no broadcasting); Concat along the channels; 2-D pooling."""
     if node.domain or not node.outputs or not node.outputs[0]:
         return False
     y = shapes.get(node.outputs[0])
@@ -111,6 +112,8 @@ def _layout_free(node: Any, shapes: dict) -> bool:
         return len(ins) == 1
     if node.op_type in _ELEMENTWISE:
         return len(ins) == 2 and all(shapes[n] == y for n in ins)
+    if node.op_type in ("MaxPool", "AveragePool"):  # 2-D, without MaxPool's indices: channels pooled alike
+        return len(ins) == 1 and len(node.attr("kernel_shape") or ()) == 2 and not any(node.outputs[1:])
     if node.op_type == "Concat":
         axis = node.attr("axis", 1 if node.opset < 4 else 0)
         return axis in (1, -3) and all(shapes[n][1] == y[1] and len(shapes[n][0]) == 4 for n in ins)

@@ -425,9 +425,22 @@ def _max_pool_indices(node, x, kernel, strides, pads, dils, ceil_mode):
     return ops.reshape(idx, idx.shape[:3]) if nsp == 1 else idx
 
 
+def _blocked_pool(node, x, mode: str):
+    """Pooling of a value the inference plan keeps in channel blocks (singa_onnx.layout), in that layout."""
+    _, kernel, strides, dils, pads = _pool_attrs(node, x)
+    return ops.pool2d(x, tuple(kernel), tuple(strides), tuple(pads), tuple(dils), mode,
+                      bool(node.attr("ceil_mode", 0)), bool(node.attr("count_include_pad", 0)), blocks=node.rt.block)
+
+
+def _in_blocks(node) -> bool:
+    return node.rt is not None and node.inputs[0] in node.rt.blocked
+
+
 @register("MaxPool")
 def max_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
+    if _in_blocks(node):
+        return _blocked_pool(node, x, "max")
     nsp, kernel, strides, dils, pads = _pool_attrs(node, x)
     ceil_mode = node.attr("ceil_mode", 0)
     if x.dtype not in FLOATS:  # int8 / uint8 max pooling: exact in float32
@@ -444,6 +457,8 @@ def max_pool(node, inputs, opset):
 @register("AveragePool")
 def average_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
+    if _in_blocks(node):
+        return _blocked_pool(node, x, "avg")
     nsp, kernel, strides, dils, pads = _pool_attrs(node, x)
     ceil_mode = node.attr("ceil_mode", 0)
     include = bool(node.attr("count_include_pad", 0))
@@ -472,7 +487,7 @@ def lp_pool(node, inputs, opset):
 def global_average_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
     rt = node.rt
-    if rt is not None and node.inputs[0] in rt.blocked:
+    if _in_blocks(node):
         # x in channel blocks (N, C/B, H, W, B) (singa_onnx.layout): the means over H*W of each block's columns are
         # the (N, C) means in channel order, which is (N, C, 1, 1) in either layout
         n, c, h, w = x.shape
