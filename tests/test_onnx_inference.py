@@ -138,10 +138,10 @@ def test_a_convolution_read_twice_is_not_fused(dev):
     np.testing.assert_allclose(runs[-1][0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
-def fire_and_residual(c=32):
+def fire_and_residual(c=32, head="GlobalAveragePool"):
     """SqueezeNet's fire module and ResNet's projection block in one graph, with poolings and an odd-width tail:
     Conv-Relu -> [1x1 Conv-Relu, 3x3 Conv-Relu] -> Concat -> Relu -> Conv + 1x1 Conv shortcut -> Relu ->
-    GlobalAveragePool -> g; the concatenation's Relu also -> MaxPool (ceil mode) -> Conv (20 channels, not whole
+    GlobalAveragePool (`head`, or an AveragePool to 1x1) -> g; the concatenation's Relu also -> MaxPool (ceil mode) -> Conv (20 channels, not whole
     blocks) -> y."""
     inits = [nh.from_array(arr(c, 3, 3, 3, scale=0.3), "W0"), nh.from_array(arr(c, scale=0.1), "B0"),
              nh.from_array(arr(c, c, 1, 1, scale=0.2), "We1"), nh.from_array(arr(c, c, 3, 3, scale=0.1), "We3"),
@@ -157,18 +157,19 @@ def fire_and_residual(c=32):
              helper.make_node("Conv", ["rcat", "W2"], ["c2"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["r0", "Ws"], ["sc"]),
              helper.make_node("Add", ["c2", "sc"], ["s"]), helper.make_node("Relu", ["s"], ["rs"]),
-             helper.make_node("GlobalAveragePool", ["rs"], ["g"]),
+             helper.make_node("GlobalAveragePool", ["rs"], ["g"]) if head == "GlobalAveragePool" else
+             helper.make_node("AveragePool", ["rs"], ["g"], kernel_shape=[8, 8]),
              helper.make_node("MaxPool", ["rcat"], ["p"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
              helper.make_node("Conv", ["p", "W3"], ["y"], pads=[1, 1, 1, 1])]
     return make_model(nodes, [vi("x", ["N", 3, 8, 8])], [vi("y", ["N", 20, 4, 4]), vi("g", ["N", 2 * c, 1, 1])],
                       inits)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch):
+@pytest.mark.parametrize(("batch", "head"), [(1, "GlobalAveragePool"), (3, "GlobalAveragePool"), (2, "AveragePool")])
+def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch, head):
     # the device's channel-blocked layout (oneDNN's on x86) between convolutions, Relu, Add and Concat; NCHW for the
     # graph's outputs, what MaxPool reads and a convolution whose channels are not whole blocks
-    m = fire_and_residual()
+    m = fire_and_residual(head=head)
     x = arr(batch, 3, 8, 8)
     rep, runs, plain = both(m, dev, [x])
     want = ort_run(m, {"x": x})
@@ -180,7 +181,7 @@ def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch):
     if dev.channel_block == 0:  # no blocked layout on this device (no oneDNN): nothing changes
         assert blocked == set()
         return
-    # r0 feeds three convolutions; the residual sum (read by GlobalAveragePool) and the shortcut it adds; the
+    # r0 feeds three convolutions; the residual sum (read by the pooling to 1x1) and the shortcut it adds; the
     # concatenation, its inputs, its Relu and that one's pooling; not y (an output, and 20 channels)
     assert blocked == {"r0", "rs", "sc", "re1", "re3", "cat", "rcat", "p"}, blocked
 

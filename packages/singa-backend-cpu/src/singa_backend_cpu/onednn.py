@@ -261,6 +261,7 @@ class _Plan:
         self.weight_step = -1
         self.weight_temp = None
         self.weight_bytes = 0
+        self.residual_bytes = 0  # conv2d_fused: bytes of the residual `run` copies into the output first (last operand)
 
     # building
 
@@ -381,6 +382,11 @@ class _Plan:
             lib.dnnl_memory_set_data_handle(self.weight_temp, ffi.cast("void *", addr))
             if not made:
                 skip = self.weight_step
+        if self.residual_bytes:
+            from singa_backend_cpu.device import ffi as kffi, lib as klib
+
+            klib.sg_memcopy(kffi.cast("char *", addresses[0]), 0, kffi.cast("char *", addresses[-1]), 0,
+                            self.residual_bytes)
         stream = thread.stream
         for i, (prim, args, n) in enumerate(self.steps):
             if i == skip:
@@ -492,7 +498,11 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, b
         args.append((ARG_DST, dst))
         plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b, residual)
         if post[0]:  # the sum post-op adds what dst holds: the residual, copied (reordered) there first
-            plan.reorder(plan.user_memory(y_md), y_md, dst, q(pd, Q_DST, 0))
+            residual = plan.user_memory(y_md)
+            if dst is plan.user[0]:  # the same layout: a parallel memcpy (oneDNN's own copy is its slow generic one)
+                plan.residual_bytes = int(lib.lib.dnnl_memory_desc_get_size(y_md))
+            else:
+                plan.reorder(residual, y_md, dst, q(pd, Q_DST, 0))
     elif kind == "conv2d_backward_data":
         pd = plan.pd(lib.lib.dnnl_convolution_backward_data_primitive_desc_create, lib.engine, CONVOLUTION_DIRECT,
                      plan.md(d["x"], act), plan.md(d["w"], TAG_ANY), plan.md(d["y"], act), *dims, fwd,

@@ -11,7 +11,8 @@ instead keeps a value blocked when everything that touches it can take it so:
   share it (a concatenation of whole channel blocks copies the same byte ranges as an NCHW one), and 2-D MaxPool /
   AveragePool run in it (pool2d's `blocks`), so each such node joins its inputs and output into one group that is
   blocked or not as a whole;
-* GlobalAveragePool reads it (its (N, C, 1, 1) output is the same in both layouts, and left NCHW).
+* GlobalAveragePool and poolings down to one pixel read it (their (N, C, 1, 1) output is the same in both layouts,
+  and left NCHW).
 
 A value is never blocked if it is a graph output, is not a 4-D float32 tensor whose channels divide into blocks,
 comes from any other node or from outside, or is read by any other node (or a subgraph). The shapes come from an
@@ -25,6 +26,7 @@ from typing import Any
 from singa import dtypes
 
 _ELEMENTWISE = ("Relu", "Add", "Sum")
+_POOLS = ("MaxPool", "AveragePool")
 
 
 def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozenset[str]:
@@ -60,7 +62,7 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
             if len(ins) > 3 and ins[3]:
                 readers.add((id(node), 3))
                 join([outs[0], ins[3]])
-        elif node.op_type == "GlobalAveragePool" and not node.domain and node.inputs[0] in shapes:
+        elif _to_one_pixel(node, shapes):
             readers.add((id(node), 0))
         elif _layout_free(node, shapes):
             group = [n for n in ins if n] + [outs[0]]
@@ -99,6 +101,17 @@ def _plain_conv(node: Any, shapes: dict, block: int) -> bool:
     return z is None or shapes.get(z) == y
 
 
+def _to_one_pixel(node: Any, shapes: dict) -> bool:
+    """GlobalAveragePool, or a pooling down to 1x1: its (N, C, 1, 1) output is the same in both layouts (left
+    NCHW), so it reads a blocked input without joining its group."""
+    if node.domain or node.inputs[0] not in shapes:
+        return False
+    if node.op_type == "GlobalAveragePool":
+        return True
+    y = shapes.get(node.outputs[0]) if node.outputs and node.outputs[0] else None
+    return _layout_free(node, shapes) and node.op_type in _POOLS and y is not None and tuple(y[0][2:]) == (1, 1)
+
+
 def _layout_free(node: Any, shapes: dict) -> bool:
     """A node that computes the same elements in either layout: Relu; Add / Sum of two operands of the output's
     shape (no broadcasting); Concat along the channels; 2-D pooling."""
@@ -112,7 +125,7 @@ def _layout_free(node: Any, shapes: dict) -> bool:
         return len(ins) == 1
     if node.op_type in _ELEMENTWISE:
         return len(ins) == 2 and all(shapes[n] == y for n in ins)
-    if node.op_type in ("MaxPool", "AveragePool"):  # 2-D, without MaxPool's indices: channels pooled alike
+    if node.op_type in _POOLS:  # 2-D, without MaxPool's indices: channels pooled alike
         return len(ins) == 1 and len(node.attr("kernel_shape") or ()) == 2 and not any(node.outputs[1:])
     if node.op_type == "Concat":
         axis = node.attr("axis", 1 if node.opset < 4 else 0)
