@@ -383,10 +383,7 @@ class _Plan:
             if not made:
                 skip = self.weight_step
         if self.residual_bytes:
-            from singa_backend_cpu.device import ffi as kffi, lib as klib
-
-            klib.sg_memcopy(kffi.cast("char *", addresses[0]), 0, kffi.cast("char *", addresses[-1]), 0,
-                            self.residual_bytes)
+            _copy_bytes(addresses[0], addresses[-1], self.residual_bytes)
         stream = thread.stream
         for i, (prim, args, n) in enumerate(self.steps):
             if i == skip:
@@ -397,6 +394,13 @@ class _Plan:
         lib.dnnl_stream_wait(stream)
         if made:
             _keep_weights(constant, block, addr)
+
+
+def _copy_bytes(dst: int, src: int, nbytes: int) -> None:
+    """The backend's parallel memcpy between two addresses."""
+    from singa_backend_cpu.device import ffi, lib
+
+    lib.sg_memcopy(ffi.cast("char *", dst), 0, ffi.cast("char *", src), 0, nbytes)
 
 
 class _ThreadState(threading.local):
