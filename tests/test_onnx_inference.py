@@ -140,9 +140,9 @@ def test_a_convolution_read_twice_is_not_fused(dev):
 
 def fire_and_residual(c=32, head="GlobalAveragePool"):
     """SqueezeNet's fire module and ResNet's projection block in one graph, with poolings and an odd-width tail:
-    Conv-Relu -> [1x1 Conv-Relu, 3x3 Conv-Relu] -> Concat -> Relu -> Conv + 1x1 Conv shortcut -> Relu ->
-    GlobalAveragePool (`head`, or an AveragePool to 1x1) -> g; the concatenation's Relu also -> MaxPool (ceil mode) -> Conv (20 channels, not whole
-    blocks) -> y."""
+    Conv-Relu -> [1x1 Conv-Relu, 3x3 Conv-Relu] -> Concat -> Relu -> Conv + 1x1 Conv shortcut -> Relu -> `head`
+    (GlobalAveragePool, or an AveragePool to 1x1) -> g; the concatenation's Relu also -> MaxPool (ceil mode) -> Conv
+    (20 channels, not whole blocks) -> y."""
     inits = [nh.from_array(arr(c, 3, 3, 3, scale=0.3), "W0"), nh.from_array(arr(c, scale=0.1), "B0"),
              nh.from_array(arr(c, c, 1, 1, scale=0.2), "We1"), nh.from_array(arr(c, c, 3, 3, scale=0.1), "We3"),
              nh.from_array(arr(2 * c, 2 * c, 3, 3, scale=0.05), "W2"),
