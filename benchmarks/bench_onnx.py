@@ -184,8 +184,9 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
         "weights kept while the inference plan lives, a following Relu and residual Add fused into them "
-        "(FusedConv: oneDNN's post-ops in its blocked layout); the activations are still reordered between NCHW and "
-        "that layout around every convolution. Matrix products (fully connected layers, attention) run on oneDNN's "
+        "(FusedConv: oneDNN's post-ops); between convolutions the activations stay in oneDNN's channel-blocked "
+        "layout through Relu, Add, Concat and pooling (singa_onnx.layout), NCHW only at the graph's edges and "
+        "around other operators. Matrix products (fully connected layers, attention) run on oneDNN's "
         "sgemm; depthwise convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "
         "is one kernel and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own "
         "Add), and a replayed run still costs Python per kernel call.")

@@ -684,3 +684,27 @@ def test_autograd_on_keeps_the_plan_unless_a_gradient_flows_in(dev):
     assert dx.shape == x.shape
     assert np.all(np.isfinite(dx))
     assert np.any(dx != 0)
+
+
+def test_threads_sharing_a_rep_take_turns(dev):
+    # a plan's recorded runs share their buffers: runs from several threads must not interleave inside them
+    import threading
+
+    m = fire_and_residual()
+    rep = sonnx.prepare(m, dev)
+    xs = [arr(2, 3, 8, 8) for _ in range(4)]
+    want = [ort_run(m, {"x": x}) for x in xs]
+    errors: list = []
+
+    def work(i: int) -> None:
+        for _ in range(15):
+            got = rep.run([xs[i]])
+            if not all(np.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(got, want[i])):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

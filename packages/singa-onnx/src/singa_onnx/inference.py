@@ -19,6 +19,8 @@ string inputs; a graph recording of someone else's in progress) runs eagerly eve
 
 from __future__ import annotations
 
+import copy
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -62,7 +64,8 @@ class InferencePlan:
         self._release = weakref.finalize(self, backend.release_constant, self._constant_weights())
         self.replay = True  # False: always run eagerly (the folded program)
         self._graphs: OrderedDict = OrderedDict()  # signature -> _Replay, or None when it cannot be replayed
-        self._seen: dict = {}
+        self._seen: dict = {}  # signature -> the value shapes of its first (eager) run
+        self._lock = threading.Lock()
 
     def _constant_weights(self) -> list:
         """Declare the convolution weights constant (host ones, e.g. those folding made, copied to the device once
@@ -100,7 +103,12 @@ class InferencePlan:
     # -- running ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Any) -> tuple[list, bool]:
         """(output values in graph-output order, whether any input was a Tensor). Tensor outputs are never shared with
-        the plan (a replay writes its outputs again at every run)."""
+        the plan (a replay writes its outputs again at every run). One run at a time: threads sharing a plan share
+        its recorded buffers (and its nodes' runtime), so they take turns."""
+        with self._lock:
+            return self._run(inputs)
+
+    def _run(self, inputs: Any) -> tuple[list, bool]:
         imp = self.imported
         items = imp.feed_items(inputs)
         as_tensors = any(isinstance(v, Tensor) for _, v in items)
@@ -127,12 +135,11 @@ class InferencePlan:
         """Run the folded program (recording nothing for autograd: no gradient flows through a plan); `observe`
         receives the values' shapes, `blocked` names the values kept in channel blocks (singa_onnx.layout)."""
         prog, rt = self.program, self.runtime
-        rt.blocked, rt.block = blocked, self.device.channel_block if blocked else 0
-        try:
-            with autograd.no_grad():
-                vals = execute(prog, rt, feeds, observe=observe)
-        finally:
-            rt.blocked, rt.block = frozenset(), 0
+        if blocked:  # this run's own runtime (the plan's stays NCHW for the eager runs)
+            rt = copy.copy(rt)
+            rt.blocked, rt.block = blocked, self.device.channel_block
+        with autograd.no_grad():
+            vals = execute(prog, rt, feeds, observe=observe)
         return [vals[n] for n in prog.outputs]
 
     def _prepare(self, items: list) -> tuple | None:

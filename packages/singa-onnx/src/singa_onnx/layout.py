@@ -104,7 +104,7 @@ def _plain_conv(node: Any, shapes: dict, block: int) -> bool:
 def _to_one_pixel(node: Any, shapes: dict) -> bool:
     """GlobalAveragePool, or a pooling down to 1x1: its (N, C, 1, 1) output is the same in both layouts (left
     NCHW), so it reads a blocked input without joining its group."""
-    if node.domain or node.inputs[0] not in shapes:
+    if node.domain or not node.inputs or node.inputs[0] not in shapes:
         return False
     if node.op_type == "GlobalAveragePool":
         return True
