@@ -705,8 +705,11 @@ def channel_block() -> int:
     with AVX2: dnnl_aBcd16b / aBcd8b), found once by asking it for a typical layer; 0 where oneDNN is not in use
     (absent, SINGA_ONEDNN=0 or nchw) or picks another layout."""
     global _block
+    if _block is not None:  # found once (reset() forgets it, for a changed setting)
+        return _block
     try:
         if library() is None or mode() in ("0", "nchw"):
+            _block = 0
             return 0
     except ValueError:
         return 0

@@ -243,8 +243,20 @@ _matmul.bind = _bind_matmul
 # -- convolution and pooling --------------------------------------------------------------------------------------
 
 
+_geometries: dict[tuple, kernel_checks.ConvGeometry] = {}  # checked geometries (a replayed graph meets the same ones)
+
+
 def _conv_geometry(name: str, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views):
-    return kernel_checks.ConvGeometry("cpu", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups, views)
+    key = (name, tuple(x_shape), tuple(w_shape), tuple(y_shape), *(v if isinstance(v, int) else tuple(v)
+                                                                    for v in (stride, padding, dilation, groups)))
+    g = _geometries.get(key)
+    if g is None:
+        g = kernel_checks.ConvGeometry("cpu", name, x_shape, w_shape, y_shape, stride, padding, dilation, groups,
+                                       views)
+        if len(_geometries) > 4096:
+            _geometries.clear()
+        _geometries[key] = g
+    return g
 
 
 def _address(v) -> int:
