@@ -75,6 +75,16 @@ def conv_ref(x, w, b, stride, pad, groups):
     return y + b.reshape(1, -1, 1, 1)
 
 
+def layer_operands(layer):
+    """x, w, b, a residual of the output's shape and the float64 reference conv(x, w, b) for a LAYERS entry."""
+    n, c, h, k, kk, stride, pad, groups = layer
+    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
+    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    ref = conv_ref(x, w, b, stride, pad, groups)
+    return x, w, b, RNG.standard_normal(ref.shape).astype(np.float32), ref
+
+
 # ResNet, VGG and MobileNet layer shapes (batch kept small): (N, C, H, K, k, stride, pad, groups)
 LAYERS = [
     (4, 3, 32, 64, 3, 1, 1, 1),     # first layer, three channels
@@ -127,12 +137,8 @@ def test_fused_residual_and_relu_match_float64_on_every_provider(layer, setting,
     from singa import backend, ops
 
     monkeypatch.setenv(onednn.SETTING, setting)
-    n, c, h, k, kk, stride, pad, groups = layer
-    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
-    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
-    b = RNG.standard_normal(k).astype(np.float32)
-    ref = conv_ref(x, w, b, stride, pad, groups)
-    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    x, w, b, r, ref = layer_operands(layer)
+    stride, pad, groups = layer[5:]
     tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
     backend.declare_constant([tw.buffer])
     try:
@@ -424,12 +430,8 @@ def test_channel_blocked_operands_match_float64(layer, own, monkeypatch):
     assert block in (8, 16)
     if own:
         monkeypatch.setattr(onednn, "conv_blocked", lambda *a, **k: False)
-    n, c, h, k, kk, stride, pad, groups = layer
-    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
-    w = (RNG.standard_normal((k, c // groups, kk, kk)) / np.sqrt(c // groups * kk * kk)).astype(np.float32)
-    b = RNG.standard_normal(k).astype(np.float32)
-    ref = conv_ref(x, w, b, stride, pad, groups)
-    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    x, w, b, r, ref = layer_operands(layer)
+    stride, pad, groups = layer[5:]
     for blocks in ((block, block), (0, block), (block, 0)):
         for residual in (None, r):
             xs = to_blocks(x, block) if blocks[0] else x

@@ -327,18 +327,21 @@ def _conv_blocked(name, out, x, w, b, residual, activation, g, views, blocks) ->
         if onednn.conv_blocked(name, g, views, [_address(v) for v in operands], blocks, weights=w,
                                bias=b is not None, post=(residual is not None, activation == "relu")):
             return
-
-    def plain(v, blocked: int):
-        if v is None or not blocked:
-            return v
-        t = View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
-        _copy(channel_split(t, blocked, False), channel_split(v, blocked, True))
-        return t
-
-    xp, rp, op = plain(x, blocks[0]), plain(residual, blocks[1]), plain(out, blocks[1])
+    bx, by = blocks
+    xp = _unblocked(x, bx) if bx else x
+    rp = _unblocked(residual, by) if by and residual is not None else residual
+    op = _unblocked(out, by, fill=False) if by else out
     _conv_forward(name, op, xp, w, b, rp, activation, (g.sh, g.sw), (g.pt, g.pl, g.pb, g.pr), (g.dh, g.dw), g.G)
-    if op is not out:
-        _copy(channel_split(out, blocks[1], True), channel_split(op, blocks[1], False))
+    if by:
+        _copy(channel_split(out, by, True), channel_split(op, by, False))
+
+
+def _unblocked(v, block: int, fill: bool = True):
+    """A new NCHW view of v's shape; with `fill`, holding v's elements, which are in channel blocks of `block`."""
+    t = View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
+    if fill:
+        _copy(channel_split(t, block, False), channel_split(v, block, True))
+    return t
 
 
 def _conv2d_backward_data(dx, dy, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1) -> None:
@@ -402,10 +405,8 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
         if x.dtype == F32 and onednn.pool_blocked(views, x.shape, out.shape, _address(x), _address(out), block,
                                                   *args):
             return
-        xp, op = (View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
-                  for v in (x, out))
-        _copy(channel_split(xp, block, False), channel_split(x, block, True))
-        _pool2d(op, None, xp, *args)
+        op = _unblocked(out, block, fill=False)
+        _pool2d(op, None, _unblocked(x, block), *args)
         _copy(channel_split(out, block, True), channel_split(op, block, False))
         return
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
