@@ -13,6 +13,7 @@ model's kernel sequence for an input shape at the second run and replays it from
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from benchlib import Table, best_time, ratio
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
          "vgg19", "zfnet512"]
 QUICK_LIGHT = ["bvlc_alexnet", "squeezenet"]
+PAUSE = 0.15  # seconds between turns (see run)
 
 
 def _light_path(name: str) -> str:
@@ -164,9 +166,18 @@ def run(quick: bool = False) -> Table:
                 x = rng.standard_normal([batch] + shape[1:]).astype(np.float32)
             want = sess.run(None, {in_name: x})[0]
             _check(label, batch, rep.run([x])[0], want)
-            repeat = 2 if quick else (5 if batch == 1 else 3)
-            t_singa = best_time(lambda x=x, rep=rep: rep.run([x]), repeat, warmup=2)
-            t_ort = best_time(lambda x=x, sess=sess, name=in_name: sess.run(None, {name: x}), repeat, warmup=2)
+            # the two take turns, a few runs each per round, so that a slow spell of a shared machine hits both;
+            # before each turn a pause lets the other's threads wind down (onnxruntime's keep spinning for tens of
+            # milliseconds after a run, taking a core from whatever runs next), and a warm-up run
+            rounds, repeat = (1, 2) if quick else ((4, 3) if batch == 1 else (3, 2))
+            t_singa = t_ort = float("inf")
+            for r in range(rounds):
+                warm = 2 if r == 0 else 1
+                time.sleep(PAUSE)
+                t_singa = min(t_singa, best_time(lambda x=x, rep=rep: rep.run([x]), repeat, warmup=warm))
+                time.sleep(PAUSE)
+                t_ort = min(t_ort, best_time(lambda x=x, sess=sess, name=in_name: sess.run(None, {name: x}), repeat,
+                                             warmup=warm))
             _check(label, batch, rep.run([x])[0], want)  # a replayed run
             table.rows.append([label, batch, t_singa * 1e3, t_ort * 1e3, ratio(t_singa, t_ort)])
     table.notes.append(
@@ -174,7 +185,9 @@ def run(quick: bool = False) -> Table:
         "a free batch dimension (see the module docstring). singa_onnx runs `prepare(model).run` with its inference "
         "optimisations (constants and BatchNormalization folded, the kernel sequence recorded per input shape and "
         "replayed; see singa_onnx.inference) on the CPU backend's default threads; onnxruntime runs with its default "
-        f"CPU threads; onnxruntime {ort.__version__}, onnx {onnx.__version__}.")
+        f"CPU threads; onnxruntime {ort.__version__}, onnx {onnx.__version__}. Each time is the best run of 4 rounds "
+        f"(batch 8: 3) in which the two take turns, 3 (2) timed runs each after a {PAUSE:.2f} s pause (onnxruntime's "
+        "threads spin on for tens of milliseconds after a run) and a warm-up run.")
     if transformers:
         table.notes.append(
             "bert, roberta, gpt2: 4-layer encoders (hidden 256, 4 heads, feed-forward 1024, sequence 128) written in "
