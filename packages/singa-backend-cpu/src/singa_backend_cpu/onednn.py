@@ -713,15 +713,14 @@ def channel_block() -> int:
             return 0
     except ValueError:
         return 0
-    if _block is None:
-        from singa.kernel_checks import ConvGeometry
+    from singa.kernel_checks import ConvGeometry
 
-        g = ConvGeometry("cpu", "conv2d", (1, 64, 14, 14), (64, 64, 3, 3), (1, 64, 14, 14), 1, 1, 1, 1, ())
-        plan = _Plan(library(), "channel block probe")
-        pd = _forward_pd(plan, g, False, True)[0]
-        got = library().lib.dnnl_primitive_desc_query_md(pd, Q_DST, 0)
-        _block = next((b for b, tag in TAG_BLOCKED.items()
-                       if library().lib.dnnl_memory_desc_equal(got, plan.md([1, 64, 14, 14], tag))), 0)
+    g = ConvGeometry("cpu", "conv2d", (1, 64, 14, 14), (64, 64, 3, 3), (1, 64, 14, 14), 1, 1, 1, 1, ())
+    plan = _Plan(library(), "channel block probe")
+    pd = _forward_pd(plan, g, False, True)[0]
+    got = library().lib.dnnl_primitive_desc_query_md(pd, Q_DST, 0)
+    _block = next((b for b, tag in TAG_BLOCKED.items()
+                   if library().lib.dnnl_memory_desc_equal(got, plan.md([1, 64, 14, 14], tag))), 0)
     return _block
 
 

@@ -113,6 +113,7 @@ class InferencePlan:
         items = imp.feed_items(inputs)
         as_tensors = any(isinstance(v, Tensor) for _, v in items)
         prepared = self._prepare(items) if self.replay and graph.recording() is None else None
+        observe = None  # the shapes of a signature's first run, for its recording
         if prepared is not None:
             sig, values = prepared
             if sig in self._graphs:
@@ -125,11 +126,9 @@ class InferencePlan:
             else:
                 if len(self._seen) >= _MAX_SEEN:
                     self._seen.clear()
-                self._seen[sig] = shapes = {}
-                feeds = {name: imp.feed_value(name, v, self.device) for name, v in items}
-                return self._execute(feeds, observe=shapes), as_tensors
+                self._seen[sig] = observe = {}
         feeds = {name: imp.feed_value(name, v, self.device) for name, v in items}
-        return self._execute(feeds), as_tensors
+        return self._execute(feeds, observe=observe), as_tensors
 
     def _execute(self, feeds: dict, observe: dict | None = None, blocked: frozenset = frozenset()) -> list:
         """Run the folded program (recording nothing for autograd: no gradient flows through a plan); `observe`

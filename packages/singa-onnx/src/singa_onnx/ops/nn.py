@@ -165,10 +165,7 @@ def fused_conv(node, inputs, opset):
                         for i in range(2))
         if z is None or (tuple(z.shape) == (x.shape[0], w.shape[0]) + spatial and z.dtype == x.dtype):
             # one kernel (conv2d_fused) where nothing is trained; values the plan keeps in channel blocks stay so
-            rt = node.rt
-            blocks = (0, 0)
-            if rt is not None and rt.blocked:
-                blocks = tuple(rt.block if n in rt.blocked else 0 for n in (node.inputs[0], node.outputs[0]))
+            blocks = (_block_of(node, node.inputs[0]), _block_of(node, node.outputs[0]))
             return ops.conv2d(x, w, b, tuple(strides), tuple(pads), tuple(dils), group, residual=z,
                               activation="relu" if activation else "none", blocks=blocks)
     y = conv_nd(x, w, b, strides, pads, dils, group)
@@ -432,14 +429,16 @@ def _blocked_pool(node, x, mode: str):
                       bool(node.attr("ceil_mode", 0)), bool(node.attr("count_include_pad", 0)), blocks=node.rt.block)
 
 
-def _in_blocks(node) -> bool:
-    return node.rt is not None and node.inputs[0] in node.rt.blocked
+def _block_of(node, name: str) -> int:
+    """The channel block the running inference plan keeps value `name` in (singa_onnx.layout), else 0 (NCHW)."""
+    rt = node.rt
+    return rt.block if rt is not None and name in rt.blocked else 0
 
 
 @register("MaxPool")
 def max_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
-    if _in_blocks(node):
+    if _block_of(node, node.inputs[0]):
         return _blocked_pool(node, x, "max")
     nsp, kernel, strides, dils, pads = _pool_attrs(node, x)
     ceil_mode = node.attr("ceil_mode", 0)
@@ -457,7 +456,7 @@ def max_pool(node, inputs, opset):
 @register("AveragePool")
 def average_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
-    if _in_blocks(node):
+    if _block_of(node, node.inputs[0]):
         return _blocked_pool(node, x, "avg")
     nsp, kernel, strides, dils, pads = _pool_attrs(node, x)
     ceil_mode = node.attr("ceil_mode", 0)
@@ -486,12 +485,12 @@ def lp_pool(node, inputs, opset):
 @register("GlobalAveragePool")
 def global_average_pool(node, inputs, opset):
     x = tensor(node, inputs[0])
-    rt = node.rt
-    if _in_blocks(node):
+    block = _block_of(node, node.inputs[0])
+    if block:
         # x in channel blocks (N, C/B, H, W, B) (singa_onnx.layout): the means over H*W of each block's columns are
         # the (N, C) means in channel order, which is (N, C, 1, 1) in either layout
         n, c, h, w = x.shape
-        means = ops.mean(ops.reshape(x, (n, c // rt.block, h * w, rt.block)), axis=2)
+        means = ops.mean(ops.reshape(x, (n, c // block, h * w, block)), axis=2)
         return ops.reshape(means, (n, c, 1, 1))
     return autograd.globalaveragepool(x)
 
