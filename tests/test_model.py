@@ -375,6 +375,168 @@ def test_graph_toggle(dev):
     assert m.sequential
 
 
+# -- graph mode in evaluation ------------------------------------------------------------------------------------------
+
+
+class _ResidualNet(model.Model):
+    """conv-BN-ReLU; conv-BN, Add of the shortcut, ReLU; 2x2 max pool; a conv whose output is returned as well as
+    normalised."""
+
+    def __init__(self, channels=8, side=False):
+        super().__init__()
+        self.side = side  # also return sigmoid of the first activation: a reader that needs it NCHW
+        self.conv1 = layer.Conv2d(channels, 3, padding=1, bias=False)
+        self.bn1 = layer.BatchNorm2d()
+        self.relu1 = layer.ReLU()
+        self.conv2 = layer.Conv2d(channels, 3, padding=1)
+        self.bn2 = layer.BatchNorm2d()
+        self.add = layer.Add()
+        self.relu2 = layer.ReLU()
+        self.pool = layer.MaxPool2d(2, 2)
+        self.conv3 = layer.Conv2d(6, 1)
+        self.bn3 = layer.BatchNorm2d()
+
+    def forward(self, x):
+        y = self.relu1(self.bn1(self.conv1(x)))
+        z = self.relu2(self.add(self.bn2(self.conv2(y)), y))
+        c = self.conv3(self.pool(z))
+        return (self.bn3(c), c, autograd.sigmoid(y)) if self.side else (self.bn3(c), c)
+
+
+def _conv64(x, w, b, pad):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))
+    y = np.einsum("nchwij,kcij->nkhw", win, w)
+    return y if b is None else y + b.reshape(1, -1, 1, 1)
+
+
+def _residual_net_reference(states, x):
+    """_ResidualNet's evaluation forward in float64 numpy."""
+    st = {k: v.astype(np.float64) for k, v in states.items()}
+
+    def bn(v, name):
+        mean, var, scale, bias = (st[f"{name}.{k}"].reshape(1, -1, 1, 1)
+                                  for k in ("running_mean", "running_var", "scale", "bias"))
+        return (v - mean) / np.sqrt(var + 1e-5) * scale + bias
+
+    x = x.astype(np.float64)
+    y = np.maximum(bn(_conv64(x, st["conv1.W"], None, 1), "bn1"), 0)
+    z = np.maximum(bn(_conv64(y, st["conv2.W"], st["conv2.b"], 1), "bn2") + y, 0)
+    n, ch, h, w = z.shape
+    p = z.reshape(n, ch, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    c = _conv64(p, st["conv3.W"], st["conv3.b"], 0)
+    return bn(c, "bn3"), c, 1 / (1 + np.exp(-y))
+
+
+def _randomize(m, rng, names=None):
+    """Random parameters and running statistics (positive variances); returns them as numpy arrays."""
+    out = {}
+    for name, t in m.get_states().items():
+        if names is None or name in names:
+            v = rng.standard_normal(t.shape).astype(np.float32) * 0.5
+            if name.endswith("running_var"):
+                v = np.abs(v) + 0.5
+            t.copy_from_numpy(v)
+        out[name] = tensor.to_numpy(t)
+    return out
+
+
+def _evaluated(dev, shape, seed=0, channels=8, side=False):
+    rng = np.random.default_rng(seed)
+    m = _ResidualNet(channels, side)
+    tx = Tensor(shape, dev)
+    m.compile([tx], is_train=False, use_graph=True)
+    return m, _randomize(m, rng), rng
+
+
+def _names(m, i=0):
+    return [c.name for c in m._eval_graphs[i].graph.calls]
+
+
+@pytest.mark.parametrize(("shape", "channels", "fused", "side"), [
+    ((2, 4, 6, 6), 8, 2, False), ((2, 4, 6, 6), 16, 2, False), ((2, 4, 6, 6), 16, 2, True),
+    ((1, 4, 2, 2), 8, 0, False)])
+def test_evaluation_graph_matches_float64(dev, shape, channels, fused, side):
+    """Recorded, then replayed: each convolution + BatchNorm (+ Add) (+ ReLU) chain is one conv2d_fused on weights
+    folded at the replay; chains whose weights outweigh the activation (the 2x2 input) keep their calls, and so does
+    the convolution whose output is returned. Where the device has channel blocks and the channels fill them, the
+    activations between the convolutions stay blocked, through the Add, the ReLU and the pooling, unless another
+    call reads them (`side`: a sigmoid of the first activation, joined by the Add to the rest)."""
+    m, states, rng = _evaluated(dev, shape, channels=channels, side=side)
+    for _ in range(3):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = m(tensor.from_numpy(x).to_device(dev))
+        assert len(got) == (3 if side else 2)
+        for g, w in zip(got, _residual_net_reference(states, x)):
+            np.testing.assert_allclose(tensor.to_numpy(g), w, rtol=1e-4, atol=1e-4)
+    assert len(m._eval_graphs) == 1
+    calls = m._eval_graphs[0].graph.calls
+    convs = [c for c in calls if c.name in ("conv2d", "conv2d_fused")]
+    assert len(convs) == 3
+    assert [c.params.get("activation") for c in convs].count("relu") == fused
+    assert [c.name for c in calls].count("batchnorm_infer") == 3 + fused  # two folds per chain, the unfolded ones
+    block = dev.channel_block
+    blocked = bool(fused and block and channels % block == 0 and not side)
+    want = [(0, block), (block, block), (block, 0)] if blocked else [(0, 0)] * 3
+    assert [c.params.get("blocks", (0, 0)) for c in convs] == want
+    assert [c.params.get("blocks", 0) for c in calls if c.name == "pool2d"] == [block if blocked else 0]
+
+
+def test_evaluation_graph_refolds_changed_parameters(dev):
+    """The fold reads the parameters at every replay: weights and running statistics written between two
+    evaluations (a training step, a loaded checkpoint, a user's copy) are what the next one uses."""
+    shape = (2, 4, 6, 6)
+    m, _, rng = _evaluated(dev, shape)
+    x = rng.standard_normal(shape).astype(np.float32)
+    tx = tensor.from_numpy(x).to_device(dev)
+    m(tx)
+    m(tx)
+    states = _randomize(m, rng, names={"conv2.W", "conv2.b", "bn2.running_var", "bn1.scale", "bn1.running_mean"})
+    got = m(tx)
+    for g, w in zip(got, _residual_net_reference(states, x)):
+        np.testing.assert_allclose(tensor.to_numpy(g), w, rtol=1e-4, atol=1e-4)
+    assert "conv2d_fused" in _names(m)
+
+
+def test_evaluation_outputs_and_inputs_stay_the_callers(dev):
+    """Outputs are new tensors at each call and the caller's inputs are never written; each input signature gets
+    its graph, kept and reused."""
+    m, states, rng = _evaluated(dev, (2, 4, 6, 6))
+    xs = [rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 6, 6), (2, 4, 6, 6), (3, 4, 4, 4))]
+    txs = [tensor.from_numpy(x).to_device(dev) for x in xs]
+    outs = [m(t)[0] for t in txs] + [m(t)[0] for t in txs]
+    assert len(m._eval_graphs) == 2
+    for i, (o, t) in enumerate(zip(outs, txs + txs)):
+        x = xs[i % 3]
+        np.testing.assert_array_equal(tensor.to_numpy(t), x)
+        np.testing.assert_allclose(tensor.to_numpy(o), _residual_net_reference(states, x)[0], rtol=1e-4, atol=1e-4)
+    m.graph(False)
+    assert m._eval_graphs == []
+    np.testing.assert_allclose(tensor.to_numpy(m(txs[0])[0]), tensor.to_numpy(outs[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_reading_the_host_runs_eagerly(dev):
+    class Peeking(_ResidualNet):
+        def forward(self, x):
+            out, c = super().forward(x)
+            self.peak = float(tensor.to_numpy(c).max())  # a host read inside forward
+            return out, c
+
+    rng = np.random.default_rng(1)
+    m = Peeking()
+    m.compile([Tensor((2, 4, 6, 6), dev)], is_train=False, use_graph=True)
+    states = _randomize(m, rng)
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    with pytest.warns(graph.GraphWarning, match=r"does not cover this model's forward.*read on the host"):
+        first = m(tensor.from_numpy(x).to_device(dev))
+    second = m(tensor.from_numpy(x).to_device(dev))
+    want = _residual_net_reference(states, x)
+    for got in (first, second):
+        np.testing.assert_allclose(tensor.to_numpy(got[1]), want[1], rtol=1e-4, atol=1e-4)
+    assert m._eval_graphs == []
+    assert m.peak == pytest.approx(want[1].max(), rel=1e-4)
+
+
 # -- checkpoints ------------------------------------------------------------------------------------------------------
 
 

@@ -363,8 +363,10 @@ class Recorder:
         _hooks.release()
 
     # -- the result ---------------------------------------------------------------------------------------------------
-    def finish(self, sequential: bool = False) -> Graph:
+    def finish(self, sequential: bool = False, inference: bool = False) -> Graph:
         """Build the replayable graph (call after leaving the context, once the step's locals are gone).
+        `inference`: the step is a forward in evaluation mode, whose convolution + BatchNorm chains may be folded
+        (see graph_fuse).
 
         Raises GraphUnsupported when the step did something a replay cannot reproduce.
         """
@@ -374,7 +376,13 @@ class Recorder:
                 info.strong = info.ref()  # still alive: persistent (outputs, new states)
         if self.problem is not None:
             raise GraphUnsupported(self.problem)
-        return Graph(self.device, self.calls, self.infos, sequential)
+        calls = self.calls
+        if inference:
+            from singa import graph_fuse
+
+            calls = graph_fuse.fold_batchnorm(self.device, calls, self.infos)
+            calls = graph_fuse.keep_channel_blocks(self.device, calls, self.infos)
+        return Graph(self.device, calls, self.infos, sequential)
 
 
 class _DeviceHooks:

@@ -13,6 +13,12 @@ that cannot be replayed faithfully (it reads device data on the host, say) is de
 model then warns once and keeps running eagerly. A step that creates or replaces parameter tensors (a layer that
 initialises itself lazily inside `train_one_batch`) is recorded again at the next call.
 
+Graph mode covers evaluation too: after `model.eval()`, `model(x)` records `forward` once per input signature (shapes
+and dtypes; the last few are kept) and replays it, each convolution with the BatchNorm, residual Add and ReLU after it
+folded into one call (`singa.graph_fuse`, refolded from the current parameters at every replay). Unlike a training
+step's, its inputs are copied into the graph's own placeholders and its outputs are new tensors at every call, so a
+script may keep both.
+
 Checkpoints (`save_states` / `load_states`) are zip files holding one .npy per tensor and a JSON manifest (names,
 dtypes, shapes, format version); nothing is pickled. `singa.checkpoint` writes them atomically (an interrupted or
 failed save leaves the previous checkpoint intact; what a killed save left behind is removed by the next save or load)
@@ -44,6 +50,7 @@ CHECKPOINT_FORMAT = checkpoint.FORMAT
 CHECKPOINT_VERSION = checkpoint.VERSION
 CheckpointError = checkpoint.CheckpointError
 _MAX_RECORD_ATTEMPTS = 3
+_EVAL_GRAPHS = 4  # input signatures of `forward` a model keeps recorded for evaluation
 
 
 class ModelMeta(layer.LayerMeta):
@@ -73,6 +80,17 @@ def _tensors_in(obj: Any) -> list[Tensor]:
     if isinstance(obj, Mapping):
         return [t for o in obj.values() for t in _tensors_in(o)]
     return []
+
+
+def _map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """`obj` (a tensor, or lists, tuples and dicts of them) with each tensor replaced by fn(tensor)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, Mapping):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
 
 
 def _user_stacklevel() -> int:
@@ -114,10 +132,11 @@ class _StepGraph:
     """A recorded train_one_batch: its graph, the arguments it was recorded with and what it returned."""
 
     def __init__(self, g: _graph.Graph, args: tuple, kwargs: dict, out: Any, checks: list[tuple[Tensor, Any]],
-                 model: Model):
+                 model: Model, uses_optimizer: bool = True):
         self.graph = g
         self.model = model
-        self.opt_sig = _opt_signature(getattr(model, "optimizer", None))
+        self.uses_optimizer = uses_optimizer
+        self.opt_sig = _opt_signature(getattr(model, "optimizer", None)) if uses_optimizer else None
         self.kw_names = tuple(sorted(kwargs))
         self.inputs: list[tuple] = []
         for a in list(args) + [kwargs[k] for k in self.kw_names]:
@@ -137,7 +156,7 @@ class _StepGraph:
         for t, buf in self.checks:
             if t.buffer is not buf:
                 return "stale"
-        if _opt_signature(getattr(self.model, "optimizer", None)) != self.opt_sig:
+        if self.uses_optimizer and _opt_signature(getattr(self.model, "optimizer", None)) != self.opt_sig:
             return "stale"  # another optimizer or new settings: record the step again
         copies = []
         flat = list(args) + [kwargs[k] for k in self.kw_names]
@@ -180,6 +199,8 @@ class Model(layer.Layer, metaclass=ModelMeta):
         self._in_step = False
         self._graph_off: str | None = None
         self._record_attempts = 0
+        self._eval_graphs: list[_StepGraph] = []
+        self._eval_off: str | None = None
         self._warned: set[str] = set()
 
     # -- the methods a subclass writes ---------------------------------------------------------------------------------
@@ -234,10 +255,19 @@ class Model(layer.Layer, metaclass=ModelMeta):
         self._step_graph = None
         self._graph_off = None
         self._record_attempts = 0
+        self._eval_graphs = []
+        self._eval_off = None
 
     def __call__(self, *input: Any, **kwargs: Any) -> Any:
         if self.training:
             return self.train_one_batch(*input, **kwargs)
+        if self.graph_mode and not self._in_step and self.initialized and self._eval_off is None \
+                and not autograd.training and _graph.recording() is None:
+            self._in_step = True
+            try:
+                return self._evaluate(input, kwargs)
+            finally:
+                self._in_step = False
         return self.forward(*input, **kwargs)
 
     # -- graph mode ----------------------------------------------------------------------------------------------------
@@ -303,6 +333,36 @@ class Model(layer.Layer, metaclass=ModelMeta):
             return out
         self._step_graph = _StepGraph(g, args, kwargs, out, list(after.values()), self)
         return out
+
+    def _evaluate(self, args: tuple, kwargs: dict) -> Any:
+        """`forward` in evaluation mode through the graph recorded for these inputs' signature (see the module
+        docstring); outputs are copies, so that the next replay does not overwrite what the caller kept."""
+        for sg in list(self._eval_graphs):
+            why = sg.bind(args, kwargs)
+            if why is None:
+                return _map_tensors(sg.replay(), Tensor.clone)
+            if why == "stale":
+                self._eval_graphs.remove(sg)
+        # the recording reads the graph's own copies of the inputs: a replay copies the caller's tensors into them
+        args = tuple(_map_tensors(a, Tensor.clone) for a in args)
+        kwargs = {k: _map_tensors(v, Tensor.clone) for k, v in kwargs.items()}
+        before = self._structure()
+        with _graph.Recorder(self.device) as rec:
+            out = self.forward(*args, **kwargs)
+        after = self._structure()
+        if before.keys() != after.keys() or any(before[k][0] is not after[k][0] or before[k][1] is not after[k][1]
+                                                for k in before):
+            return out  # forward made or replaced parameters: nothing to keep; the next call records again
+        try:
+            g = rec.finish(self.sequential, inference=True)
+        except _graph.GraphUnsupported as exc:
+            self._eval_off = str(exc)
+            self._warn(f"graph mode does not cover this model's forward: {exc}. Evaluation runs eagerly (same "
+                       "results, without the graph's speed)")
+            return out
+        self._eval_graphs.append(_StepGraph(g, args, kwargs, out, list(after.values()), self, uses_optimizer=False))
+        del self._eval_graphs[:-_EVAL_GRAPHS]
+        return _map_tensors(out, Tensor.clone)
 
     def _disable(self, why: str) -> None:
         self._graph_off = why
