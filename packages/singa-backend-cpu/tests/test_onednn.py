@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from singa import autograd, device, tensor
+from singa import autograd, device, dtypes, tensor
 from singa_backend_cpu import onednn
 
 X86_LINUX = platform.machine() == "x86_64" and sys.platform.startswith("linux")
@@ -482,3 +482,47 @@ def test_channel_blocked_pooling_matches_nchw_pooling(case, own, monkeypatch):
         want = tensor.to_numpy(ops.pool2d(tx, kernel, stride, pad, dil, mode, ceil, include))
         got = tensor.to_numpy(ops.pool2d(tb, kernel, stride, pad, dil, mode, ceil, include, blocks=block))
         np.testing.assert_allclose(from_blocks(got, block), want, rtol=1e-6, atol=1e-6, err_msg=f"{mode} {include}")
+
+
+@pytest.mark.parametrize(("setting", "dtype", "fused", "blocked"), [
+    ("1", np.float32, True, False), ("1", np.float32, True, True), ("nchw", np.float32, False, False),
+    ("0", np.float32, True, False), ("auto", np.float64, True, False)])
+def test_replayed_convolutions_are_bound_launches_that_follow_new_data(setting, dtype, fused, blocked, monkeypatch):
+    # a recorded convolution replays as the launch its kernel's `bind` worked out (the oneDNN plan, or our own kernel
+    # with its arguments made), on whatever the recorded buffers hold then; from another thread it goes the whole way
+    from singa import graph, ops
+
+    block = DEV.channel_block
+    if blocked and not block:
+        pytest.skip("no channel blocks without oneDNN")
+    monkeypatch.setenv(onednn.SETTING, setting)
+    layer = LAYERS[2]
+    stride, pad, groups = layer[5:]
+    x, w, b, r, _ = layer_operands(layer)
+    kind = dtypes.float64 if dtype == np.float64 else dtypes.float32
+    tx, tw, tb, tr = (tensor.Tensor(device=DEV, data=a.astype(dtype), dtype=kind) for a in (x, w, b, r))
+    assert tx.dtype == kind
+    blocks = (block, block) if blocked else (0, 0)
+    kw = {"residual": tr, "activation": "relu"} if fused else {}
+    ops.conv2d(tx, tw, tb, stride, pad, 1, groups, blocks=blocks, **kw)  # the provider is chosen on the first call
+    with graph.Recorder(DEV) as rec:
+        y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, blocks=blocks, **kw)
+    g = rec.finish()
+    assert [fn.__name__ for fn, _, _ in g._exec] == ["launch"]
+
+    def check():
+        x2, r2 = RNG.standard_normal(x.shape), RNG.standard_normal(r.shape)
+        tx.copy_from_numpy((to_blocks(x2, block) if blocked else x2).astype(dtype))
+        tr.copy_from_numpy((to_blocks(r2, block) if blocked else r2).astype(dtype))
+        g.run()
+        want = conv_ref(x2, w, b, stride, pad, groups)
+        want = np.maximum(want + r2, 0) if fused else want
+        got = tensor.to_numpy(y)
+        np.testing.assert_allclose(from_blocks(got, block) if blocked else got, want, rtol=1e-4, atol=1e-4)
+
+    check()
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(None) if check() is None else None)
+    t.start()
+    t.join()
+    assert errors == [None]

@@ -629,6 +629,43 @@ def conv_blocked(kind: str, g, views: tuple, addresses: list[int], blocks: tuple
     return True
 
 
+def chosen(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> str | None:
+    """The provider `conv` settled on for this convolution (OWN, BLOCKED or PLAIN), None before its first call."""
+    return _choices.get((kind, tuple(g.as_list()), bias, post))
+
+
+def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[[], None], weights: Any = None,
+               bias: bool = False, post: tuple = NO_POST, blocks: tuple = (0, 0)) -> Callable[[], None] | None:
+    """A replayed graph's launch of forward convolution `kind` on fixed operands (see Graph's `bind`): the oneDNN
+    plan it ran on when recorded, run on the same addresses without the per-call lookups (~17 us of Python per
+    call). None where that plan is not settled: oneDNN not chosen for the shape, our own kernel, or an NCHW plan
+    that runs its post-ops as separate kernels. The launch goes the whole way (`slow`) when called from another
+    thread or after the thread count changed: plans belong to one thread and one team size."""
+    if blocks != (0, 0):
+        key = (kind, tuple(g.as_list()), bias, post, blocks)
+        blocked, provider = True, BLOCKED
+    else:
+        key = (kind, tuple(g.as_list()), bias, post)
+        provider = _choices.get(key)
+        blocked = provider == BLOCKED
+        if provider not in (BLOCKED, PLAIN):
+            return None
+    threads = _threads()
+    pkey = (key, blocked, threads)
+    plan = _thread.plans.get(pkey)
+    if plan is None or plan.tail or _thread.omp_threads != threads:
+        return None
+    weights = weights if weights is not None and plan.weight_step >= 0 else None
+
+    def launch() -> None:
+        if _thread.plans.get(pkey) is not plan or _threads() != threads:
+            slow()
+            return
+        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, (key, provider)))
+
+    return launch
+
+
 def _aligned_threads() -> int:
     """The backend's thread count, made this thread's OpenMP team size for oneDNN."""
     threads = _threads()
@@ -642,13 +679,19 @@ def _aligned_threads() -> int:
 
 def _execute(plan: _Plan, kind: str, views: tuple, addresses: list[int], weights: Any, key: tuple) -> None:
     """Run `plan` on `addresses`, reusing the reordered weights while their buffer is declared constant."""
-    constant = None
-    if weights is not None and plan.weight_step >= 0:
-        from singa.backend import constant_token
+    _run(plan, kind, views, addresses,
+         _constant(weights, key) if weights is not None and plan.weight_step >= 0 else None)
 
-        token = constant_token(weights.buffer)
-        if token:
-            constant = ((*key, token, weights.offset), weights.buffer, token)
+
+def _constant(weights: Any, key: tuple) -> tuple | None:
+    """plan.run's `constant` for the weights view: None unless its buffer is declared constant."""
+    from singa.backend import constant_token
+
+    token = constant_token(weights.buffer)
+    return ((*key, token, weights.offset), weights.buffer, token) if token else None
+
+
+def _run(plan: _Plan, kind: str, views: tuple, addresses: list[int], constant: tuple | None) -> None:
     try:
         plan.run(addresses, _thread, constant)
     except (OneDnnError, MemoryError) as exc:

@@ -278,6 +278,60 @@ def _conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0
     _conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks)
 
 
+def _bind_conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
+    return _bind_conv_forward("conv2d", out, x, w, b, None, "none", stride, padding, dilation, groups, (0, 0),
+                              lambda: _conv2d(out, x, w, b, stride, padding, dilation, groups))
+
+
+def _bind_conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                       groups=1, activation="none", blocks=(0, 0)):
+    return _bind_conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups,
+                              tuple(blocks), lambda: _conv2d_fused(out, x, w, b, residual, stride, padding, dilation,
+                                                                   groups, activation, blocks))
+
+
+def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks, slow):
+    """Graph replay's launch of a forward convolution, worked out once: the oneDNN plan it runs on
+    (onednn.bound_conv), or our own kernel with its arguments made; None where the call must go the whole way."""
+    views = (out, x, w, b, residual)
+    if x.dtype not in FLOATS or any(v is not None and (v.dtype != x.dtype or v.strides != _layout(v.shape)[0])
+                                    for v in views):
+        return None
+    if activation not in ("none", "relu") or (activation == "relu" and name != "conv2d_fused"):
+        return None
+    g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
+    post = (residual is not None, activation == "relu")
+    if blocks == (0, 0) and (x.dtype != F32 or onednn.chosen(name, g, b is not None, post) == onednn.OWN):
+        return _bind_own_conv(name, g, views, post[1])
+    if x.dtype != F32:
+        return None
+    operands = [v for v in views if v is not None]
+    return onednn.bound_conv(name, g, views, [_address(v) for v in operands], slow, weights=w, bias=b is not None,
+                             post=post, blocks=blocks)
+
+
+def _bind_own_conv(name, g, views, act: bool):
+    """The launch of our own forward convolution kernel on fixed views (as `ours` in _conv_forward)."""
+    out, x, w, b, residual = views
+    args = (x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset,
+            *((b.buffer.handle, b.offset) if b is not None else (_NULL, 0)), out.buffer.handle, out.offset,
+            ffi.new("int64_t[]", g.as_list()))
+    conv, add, relu = lib.sg_conv2d, kernels["add"], kernels["relu"]
+
+    def launch() -> None:
+        _check(conv(*args), name, views)
+        if residual is not None:
+            add(out, out, residual)
+        if act:
+            relu(out, out)
+
+    return launch
+
+
+_conv2d.bind = _bind_conv2d
+_conv2d_fused.bind = _bind_conv2d_fused
+
+
 def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks=(0, 0)) -> None:
     """conv2d, and conv2d_fused: oneDNN adds the residual and applies ReLU as post-ops of the convolution (one pass
     over the output); our own kernel runs them as the add and relu kernels after it. `blocks`: see _conv_blocked."""

@@ -220,12 +220,13 @@ class InferencePlan:
 
     @staticmethod
     def _outputs(outs: list, as_tensors: bool) -> list:
-        """Values a replay will overwrite, as the caller's own: device outputs copied when handed out as Tensors
-        (numpy outputs are copied by the conversion), host ones copied."""
+        """Values a replay will overwrite, as the caller's own: device outputs copied, as Tensors or to the host (while
+        the caller holds the plan: another thread's replay may rewrite them as soon as it lets go), host ones
+        copied."""
         res = []
         for v in outs:
             if isinstance(v, Tensor):
-                res.append(ops.copy(v) if as_tensors else v)
+                res.append(ops.copy(v) if as_tensors else ops.to_numpy(v))
             elif isinstance(v, np.ndarray):
                 res.append(v.copy())
             else:
