@@ -366,12 +366,14 @@ class _Plan:
 
     # running
 
-    def run(self, addresses: list[int], thread: _ThreadState, constant: tuple | None = None) -> None:
-        """Run on the operands at `addresses`; `constant`: (key, buffer) when the weights' buffer is declared
-        constant (singa.backend.declare_constant): their reordered copy is made once per key and reused."""
+    def run(self, addresses: list[int], thread: _ThreadState, constant: tuple | None = None,
+            pointers: list | None = None) -> None:
+        """Run on the operands at `addresses` (`pointers`: the same as `void *`, made once by a bound launch);
+        `constant`: (key, buffer) when the weights' buffer is declared constant (singa.backend.declare_constant):
+        their reordered copy is made once per key and reused."""
         ffi, lib = self.lib.ffi, self.lib.lib
-        for mem, addr in zip(self.user, addresses):
-            lib.dnnl_memory_set_data_handle(mem, ffi.cast("void *", addr))
+        for mem, ptr in zip(self.user, pointers or [ffi.cast("void *", a) for a in addresses]):
+            lib.dnnl_memory_set_data_handle(mem, ptr)
         if self.temps:
             base = thread.arena(self.arena_bytes)
             for mem, off in zip(self.temps, self.offsets):
@@ -635,12 +637,13 @@ def chosen(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> str | Non
 
 
 def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[[], None], weights: Any = None,
-               bias: bool = False, post: tuple = NO_POST, blocks: tuple = (0, 0)) -> Callable[[], None] | None:
+               bias: bool = False, post: tuple = NO_POST, blocks: tuple = (0, 0),
+               tail: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """A replayed graph's launch of forward convolution `kind` on fixed operands (see Graph's `bind`): the oneDNN
     plan it ran on when recorded, run on the same addresses without the per-call lookups (~17 us of Python per
-    call). None where that plan is not settled: oneDNN not chosen for the shape, our own kernel, or an NCHW plan
-    that runs its post-ops as separate kernels. The launch goes the whole way (`slow`) when called from another
-    thread or after the thread count changed: plans belong to one thread and one team size."""
+    call), then `tail` where the plan leaves the post-ops to it (oneDNN's NCHW kernels). None where no plan is
+    settled: oneDNN not chosen for the shape, or our own kernel. The launch goes the whole way (`slow`) when called
+    from another thread or after the thread count changed: plans belong to one thread and one team size."""
     if blocks != (0, 0):
         key = (kind, tuple(g.as_list()), bias, post, blocks)
         blocked, provider = True, BLOCKED
@@ -653,15 +656,19 @@ def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[
     threads = _threads()
     pkey = (key, blocked, threads)
     plan = _thread.plans.get(pkey)
-    if plan is None or plan.tail or _thread.omp_threads != threads:
+    if plan is None or _thread.omp_threads != threads:
         return None
+    after = tail if plan.tail else None
+    pointers = [plan.lib.ffi.cast("void *", a) for a in addresses]
     weights = weights if weights is not None and plan.weight_step >= 0 else None
 
     def launch() -> None:
         if _thread.plans.get(pkey) is not plan or _threads() != threads:
             slow()
             return
-        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, (key, provider)))
+        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, (key, provider)), pointers)
+        if after is not None:
+            after()
 
     return launch
 
@@ -691,9 +698,10 @@ def _constant(weights: Any, key: tuple) -> tuple | None:
     return ((*key, token, weights.offset), weights.buffer, token) if token else None
 
 
-def _run(plan: _Plan, kind: str, views: tuple, addresses: list[int], constant: tuple | None) -> None:
+def _run(plan: _Plan, kind: str, views: tuple, addresses: list[int], constant: tuple | None,
+         pointers: list | None = None) -> None:
     try:
-        plan.run(addresses, _thread, constant)
+        plan.run(addresses, _thread, constant, pointers)
     except (OneDnnError, MemoryError) as exc:
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
 

@@ -307,23 +307,33 @@ def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding
         return None
     operands = [v for v in views if v is not None]
     return onednn.bound_conv(name, g, views, [_address(v) for v in operands], slow, weights=w, bias=b is not None,
-                             post=post, blocks=blocks)
+                             post=post, blocks=blocks, tail=_post_ops(out, residual, post[1]))
 
 
-def _bind_own_conv(name, g, views, act: bool):
+def _post_ops(out, residual, relu: bool) -> Callable[[], None]:
+    """conv2d_fused's residual add and ReLU as the backend's kernels on the written output."""
+    add, act = kernels["add"], kernels["relu"]
+
+    def tail() -> None:
+        if residual is not None:
+            add(out, out, residual)
+        if relu:
+            act(out, out)
+
+    return tail
+
+
+def _bind_own_conv(name, g, views, relu: bool):
     """The launch of our own forward convolution kernel on fixed views (as `ours` in _conv_forward)."""
     out, x, w, b, residual = views
     args = (x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset,
             *((b.buffer.handle, b.offset) if b is not None else (_NULL, 0)), out.buffer.handle, out.offset,
             ffi.new("int64_t[]", g.as_list()))
-    conv, add, relu = lib.sg_conv2d, kernels["add"], kernels["relu"]
+    conv, tail = lib.sg_conv2d, _post_ops(out, residual, relu)
 
     def launch() -> None:
         _check(conv(*args), name, views)
-        if residual is not None:
-            add(out, out, residual)
-        if act:
-            relu(out, out)
+        tail()
 
     return launch
 
@@ -345,12 +355,7 @@ def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dil
     if blocks != (0, 0):
         _conv_blocked(name, out, x, w, b, residual, activation, g, views, tuple(blocks))
         return
-
-    def tail() -> None:
-        if residual is not None:
-            kernels["add"](out, out, residual)
-        if relu:
-            kernels["relu"](out, out)
+    tail = _post_ops(out, residual, relu)
 
     def ours() -> None:
         bh, bo = (b.buffer.handle, b.offset) if b is not None else (_NULL, 0)
