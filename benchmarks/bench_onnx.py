@@ -202,7 +202,9 @@ def run(quick: bool = False) -> Table:
         "around other operators. Matrix products (fully connected layers, attention) run on oneDNN's "
         "sgemm; depthwise convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "
         "is one kernel and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own "
-        "Add), and a replayed run still costs Python per kernel call.")
+        "Add). A replayed run calls each kernel from Python; convolutions, poolings, copies and element-wise "
+        "kernels as launches worked out when the run was recorded (the CPU backend's `bind`), a few microseconds "
+        "each.")
     table.notes.append(benchlib.openmp_note())
     return table
 

@@ -1276,3 +1276,23 @@ def test_workers_get_a_cpu_each_and_the_caller_keeps_off_them(setting):
     assert lines[1] == "moved True True True"
     assert lines[2] == "child True True"
     assert lines[3] == "freed True left to the operating system (one thread)"
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int64, np.float16])
+def test_bound_copies_replay_on_new_contents(dt):
+    # Graph replays a copy as the launch its `bind` made once: a memcpy between contiguous views, the strided kernel
+    # for a transpose into a slice of a concatenation; each must copy what the source holds at the time of the call
+    src = put(np.zeros((3, 4, 5), dt))
+    dst = empty((3, 4, 5), dt)
+    cat = empty((3, 5, 9), dt)
+    transposed = View(src.buffer, src.dtype, (3, 5, 4), (20, 1, 5), 0)
+    part = View(cat.buffer, cat.dtype, (3, 5, 4), (45, 9, 1), 5)
+    launches = [K["copy"].bind(dst, src), K["copy"].bind(part, transposed)]
+    assert all(callable(f) for f in launches)
+    for _ in range(2):
+        a = (RNG.standard_normal((3, 4, 5)) * 100).astype(dt)
+        DEV.write(src, a)
+        for f in launches:
+            f()
+        np.testing.assert_array_equal(get(dst), a)
+        np.testing.assert_array_equal(get(cat)[:, :, 5:], a.transpose(0, 2, 1))

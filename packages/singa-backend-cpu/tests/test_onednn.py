@@ -526,3 +526,32 @@ def test_replayed_convolutions_are_bound_launches_that_follow_new_data(setting, 
     t.start()
     t.join()
     assert errors == [None]
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["nchw", "blocked"])
+@pytest.mark.parametrize(("mode", "include"), [("max", False), ("avg", False), ("avg", True)])
+def test_replayed_poolings_are_bound_launches_that_follow_new_data(mode, include, blocked):
+    # as the convolutions: our NCHW kernel with its arguments made, or oneDNN's plan on channel blocks, rerun on the
+    # recorded buffers' new contents; checked against a float64 max / mean over each 2x2 window, the last row and
+    # column of windows half in the bottom and right padding (counted in the mean or not, as `include` says)
+    from singa import graph, ops
+
+    block = DEV.channel_block
+    if blocked and not block:
+        pytest.skip("no channel blocks without oneDNN")
+    shape = (2, 32, 5, 7)
+    tx = tensor.from_numpy(np.zeros(shape, np.float32), DEV)
+    with graph.Recorder(DEV) as rec:
+        y = ops.pool2d(tx, (2, 2), (2, 2), (0, 0, 1, 1), (1, 1), mode, False, include,
+                       blocks=block if blocked else 0)
+    g = rec.finish()
+    assert [fn.__name__ for fn, _, _ in g._exec] == ["launch"]
+    for _ in range(2):
+        x = RNG.standard_normal(shape)
+        tx.copy_from_numpy((to_blocks(x, block) if blocked else x).astype(np.float32))
+        g.run()
+        fill = {"max": -np.inf, "avg": 0.0 if include else np.nan}[mode]
+        windows = np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=fill).reshape(2, 32, 3, 2, 4, 2)
+        want = windows.max(axis=(3, 5)) if mode == "max" else np.nanmean(windows, axis=(3, 5))
+        got = tensor.to_numpy(y)
+        np.testing.assert_allclose(from_blocks(got, block) if blocked else got, want, rtol=1e-5, atol=1e-6)

@@ -642,8 +642,7 @@ def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[
     """A replayed graph's launch of forward convolution `kind` on fixed operands (see Graph's `bind`): the oneDNN
     plan it ran on when recorded, run on the same addresses without the per-call lookups (~17 us of Python per
     call), then `tail` where the plan leaves the post-ops to it (oneDNN's NCHW kernels). None where no plan is
-    settled: oneDNN not chosen for the shape, or our own kernel. The launch goes the whole way (`slow`) when called
-    from another thread or after the thread count changed: plans belong to one thread and one team size."""
+    settled: oneDNN not chosen for the shape, or our own kernel."""
     if blocks != (0, 0):
         key = (kind, tuple(g.as_list()), bias, post, blocks)
         blocked, provider = True, BLOCKED
@@ -654,19 +653,35 @@ def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[
         if provider not in (BLOCKED, PLAIN):
             return None
     threads = _threads()
-    pkey = (key, blocked, threads)
+    return _bound((key, blocked, threads), threads, kind, views, addresses, slow, weights, (key, provider), tail)
+
+
+def bound_pool(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
+               stride: tuple, padding: tuple, dilation: tuple, mode: str, count_include_pad: bool,
+               slow: Callable[[], None]) -> Callable[[], None] | None:
+    """pool_blocked's launch on fixed operands, as bound_conv's; None where it has no oneDNN plan."""
+    key = ("pool2d", tuple(x_shape), tuple(y_shape), block, kernel, stride, padding, dilation, mode,
+           count_include_pad)
+    threads = _threads()
+    return _bound((key, threads), threads, "pool2d", views, [y_addr, x_addr], slow)
+
+
+def _bound(pkey: tuple, threads: int, kind: str, views: tuple, addresses: list[int], slow: Callable[[], None],
+           weights: Any = None, ckey: tuple = (), tail: Callable[[], None] | None = None) -> Callable[[], None] | None:
+    """The launch of this thread's plan `pkey` on `addresses`: it goes the whole way (`slow`) when called from
+    another thread or after the thread count changed, since plans belong to one thread and one team size."""
     plan = _thread.plans.get(pkey)
     if plan is None or _thread.omp_threads != threads:
         return None
+    weights = weights if weights is not None and plan.weight_step >= 0 else None
     after = tail if plan.tail else None
     pointers = [plan.lib.ffi.cast("void *", a) for a in addresses]
-    weights = weights if weights is not None and plan.weight_step >= 0 else None
 
     def launch() -> None:
         if _thread.plans.get(pkey) is not plan or _threads() != threads:
             slow()
             return
-        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, (key, provider)), pointers)
+        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, ckey), pointers)
         if after is not None:
             after()
 

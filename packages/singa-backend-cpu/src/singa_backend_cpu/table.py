@@ -8,6 +8,7 @@ layouts have their axes merged where the memory allows, then go to the strided C
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
@@ -102,6 +103,19 @@ def _copy(out, x) -> None:
             lib.sg_memcopy(out.buffer.handle, out.offset * size, x.buffer.handle, x.offset * size, n * size)
         return
     _run_layout(_COPY_C[size], _COPY_S[size], out.shape, (out, x), ())
+
+
+def _bind_copy(out, x):
+    """Graph replay's launch of a copy (checked when recorded): one memcpy, or the strided copy kernel."""
+    size = ITEMSIZE[x.dtype]
+    cs, n = _layout(out.shape)
+    if out.strides == cs and x.strides == cs:
+        return functools.partial(lib.sg_memcopy, out.buffer.handle, out.offset * size, x.buffer.handle,
+                                 x.offset * size, n * size)
+    return kernel_table.bind_layout(_COPY_C[size], _COPY_S[size], out.shape, (out, x))
+
+
+_copy.bind = _bind_copy
 
 
 def _cast(out, x) -> None:
@@ -472,6 +486,36 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
     status = lib.sg_pool2d(x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset,
                            out.buffer.handle, out.offset, ih, io, geom)
     _check(status, "pool2d", views)
+
+
+def _bind_pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
+                 count_include_pad=False, blocks=0):
+    """Graph replay's launch of a pooling: oneDNN's plan for channel blocks (onednn.bound_pool), or our own kernel
+    with its arguments made; None where the call must go the whole way."""
+    views = (out, indices, x)
+    if x.dtype not in FLOATS or any(v is not None and v.strides != _layout(v.shape)[0] for v in views):
+        return None
+
+    def slow() -> None:
+        _pool2d(out, indices, x, kernel, stride, padding, dilation, mode, count_include_pad, blocks)
+
+    if blocks:
+        if x.dtype != F32:
+            return None
+        return onednn.bound_pool(views, x.shape, out.shape, _address(x), _address(out), blocks, kernel,
+                                 stride or kernel, padding, dilation, mode, count_include_pad, slow)
+    code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
+    args = (x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset, out.buffer.handle, out.offset,
+            *((indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)), geom)
+    pool = lib.sg_pool2d
+
+    def launch() -> None:
+        _check(pool(*args), "pool2d", views)
+
+    return launch
+
+
+_pool2d.bind = _bind_pool2d
 
 
 def _pool2d_backward(dx, dy, x, indices, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1),

@@ -64,6 +64,23 @@ def run_layout(contig: Launcher, strided: Launcher, shape: tuple, views: tuple, 
         strided(*lead, max_dims, packed, *args, *extra)
 
 
+def bind_layout(contig: Launcher, strided: Launcher, shape: tuple, views: tuple, extra: tuple = (), *,
+                device=None, max_dims: int = 0) -> Callable[[], None] | None:
+    """`run_layout(...)` as a zero-argument callable with its launch arguments worked out once (a graph replays the
+    same views at every step), or None where it takes more than one launch."""
+    n = math.prod(shape)
+    if n == 0:
+        return _nothing
+    lead = () if device is None else (device,)
+    dims, strides = coalesce(shape, [v.strides for v in views])
+    handles = [a for v in views for a in (v.buffer.handle, v.offset)]
+    if not dims or (len(dims) == 1 and all(st[0] == 1 for st in strides)):
+        return functools.partial(contig, *lead, n, *handles, *extra)
+    if not max_dims or len(dims) <= max_dims:
+        return functools.partial(strided, *lead, len(dims), dims + [x for st in strides for x in st], *handles, *extra)
+    return None
+
+
 def elementwise_kernel(backend: str, entry: expressions.Elementwise, contig: list, strided: list, *,
                        with_device: bool = False, max_dims: int = 0, check_device_dtypes: bool = False) -> Callable:
     """The table's callable for `entry`: `contig[dt]` / `strided[dt]` are the launchers for input dtype code dt (None
@@ -168,21 +185,10 @@ def elementwise_kernel(backend: str, entry: expressions.Elementwise, contig: lis
         views were checked when the call was recorded."""
         if len(views) != (3 if binary else 2) or not all(hasattr(v, "strides") for v in views):
             return None  # parameters given positionally: left to the kernel itself
-        out = views[0]
+        out, dt = views[0], views[1].dtype
         extra = (alpha, beta) if (not binary or entry.takes_params) else ()
-        n = math.prod(out.shape)
-        if n == 0:
-            return _nothing
-        lead = (out.buffer.device,) if with_device else ()
-        dims, strides = coalesce(out.shape, [v.strides for v in views])
-        handles = [a for v in views for a in (v.buffer.handle, v.offset)]
-        dt = views[1].dtype
-        if not dims or (len(dims) == 1 and all(st[0] == 1 for st in strides)):
-            return functools.partial(contig[dt], *lead, n, *handles, *extra)
-        if not max_dims or len(dims) <= max_dims:
-            return functools.partial(strided[dt], *lead, len(dims), dims + [x for st in strides for x in st],
-                                     *handles, *extra)
-        return None
+        return bind_layout(contig[dt], strided[dt], out.shape, views, extra,
+                           device=out.buffer.device if with_device else None, max_dims=max_dims)
 
     kernel.__name__ = name
     kernel.bind = bind
