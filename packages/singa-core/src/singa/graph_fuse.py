@@ -37,7 +37,27 @@ from singa import dtypes
 from singa import graph as _graph
 from singa.backend import Device, View, contiguous_strides
 
-__all__ = ["fold_batchnorm", "keep_channel_blocks"]
+__all__ = ["fold_batchnorm", "keep_channel_blocks", "Groups"]
+
+
+class Groups:
+    """Union-find over hashable values: `join` puts values into one group, `root` names the group of a value (a
+    value never joined is a group of its own). The layout passes use it: values in one group share a layout."""
+
+    def __init__(self) -> None:
+        self._parent: dict = {}
+
+    def root(self, v: Any) -> Any:
+        parent = self._parent
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    def join(self, values: Any) -> None:
+        roots = [self.root(v) for v in values]
+        for r in roots[1:]:
+            self._parent[r] = roots[0]
 
 
 def _numel(shape: tuple) -> int:
@@ -255,14 +275,7 @@ def keep_channel_blocks(device: Device, calls: list, infos: list) -> list:
     table = {name: getattr(fn, "__wrapped__", fn) for name, fn in device.table.items()}
     if block <= 0 or "conv2d_fused" not in table:
         return calls
-    parent: dict[int, int] = {}
-
-    def find(k: int) -> int:
-        while parent.setdefault(k, k) != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
+    groups = Groups()
     bad: set[int] = set()
     for c in calls:
         pos = _layout_positions(c)
@@ -273,15 +286,13 @@ def keep_channel_blocks(device: Device, calls: list, infos: list) -> list:
             if p not in allowed or not _fits_blocks(spec, infos, block):
                 bad.add(spec[1])
         for group in pos[1] if pos is not None else ():
-            roots = [find(c.specs[p][1]) for p in group]
-            for r in roots[1:]:
-                parent[r] = roots[0]
+            groups.join(c.specs[p][1] for p in group)
         if c.kind != "kernel" or pos is None:
             bad.update(c.touched())
-    spoiled = {find(k) for k in bad}
+    spoiled = {groups.root(k) for k in bad}
 
     def blocked(spec: Any) -> int:
-        return block if spec is not None and spec[0] == "v" and find(spec[1]) not in spoiled else 0
+        return block if spec is not None and spec[0] == "v" and groups.root(spec[1]) not in spoiled else 0
 
     out = []
     for c in calls:

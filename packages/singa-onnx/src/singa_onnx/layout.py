@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from singa import dtypes
+from singa.graph_fuse import Groups
 
 _ELEMENTWISE = ("Relu", "Add", "Sum")
 _POOLS = ("MaxPool", "AveragePool")
@@ -34,18 +35,7 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
     tensor values of a run."""
     if block <= 0:
         return frozenset()
-    parent: dict[str, str] = {}
-
-    def find(v: str) -> str:
-        while parent.setdefault(v, v) != v:
-            parent[v] = parent[parent[v]]
-            v = parent[v]
-        return v
-
-    def join(names: list[str]) -> None:
-        roots = [find(n) for n in names]
-        for r in roots[1:]:
-            parent[r] = roots[0]
+    groups = Groups()
 
     def fits(name: str) -> bool:
         got = shapes.get(name)
@@ -61,14 +51,14 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
             readers.add((id(node), 0))
             if len(ins) > 3 and ins[3]:
                 readers.add((id(node), 3))
-                join([outs[0], ins[3]])
+                groups.join([outs[0], ins[3]])
         elif _to_one_pixel(node, shapes):
             readers.add((id(node), 0))
         elif _layout_free(node, shapes):
             group = [n for n in ins if n] + [outs[0]]
             producers.add(outs[0])
             readers.update((id(node), k) for k, n in enumerate(ins) if n)
-            join(group)
+            groups.join(group)
     bad: set[str] = set(program.outputs) | set(program.inputs) | set(program.initializers)
     for name in shapes:
         if not fits(name) or name not in producers:
@@ -81,8 +71,8 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
                 if (id(node), k) not in readers:
                     bad.add(n)
         bad.update(n for n in node.uses if n not in read)  # read by a subgraph
-    spoiled = {find(n) for n in bad}
-    return frozenset(n for n in producers if find(n) not in spoiled)
+    spoiled = {groups.root(n) for n in bad}
+    return frozenset(n for n in producers if groups.root(n) not in spoiled)
 
 
 def _plain_conv(node: Any, shapes: dict, block: int) -> bool:
