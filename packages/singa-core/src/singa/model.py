@@ -31,7 +31,9 @@ import functools
 import json
 import os
 import sys
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,6 +53,9 @@ CHECKPOINT_VERSION = checkpoint.VERSION
 CheckpointError = checkpoint.CheckpointError
 _MAX_RECORD_ATTEMPTS = 3
 _EVAL_GRAPHS = 4  # input signatures of `forward` a model keeps recorded for evaluation
+# model -> the lock its evaluation graphs are replayed under (kept outside the model, which stays copyable)
+_eval_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_eval_locks_lock = threading.Lock()
 
 
 class ModelMeta(layer.LayerMeta):
@@ -261,13 +266,22 @@ class Model(layer.Layer, metaclass=ModelMeta):
     def __call__(self, *input: Any, **kwargs: Any) -> Any:
         if self.training:
             return self.train_one_batch(*input, **kwargs)
-        if self.graph_mode and not self._in_step and self.initialized and self._eval_off is None \
-                and not autograd.training and _graph.recording() is None:
-            self._in_step = True
-            try:
-                return self._evaluate(input, kwargs)
-            finally:
-                self._in_step = False
+        if self.graph_mode and self.initialized and self._eval_off is None and not autograd.training \
+                and _graph.recording() is None:
+            # one thread at a time replays (the graphs' buffers are shared); the others, and a call from inside
+            # forward, run it eagerly
+            with _eval_locks_lock:
+                lock = _eval_locks.setdefault(self, threading.Lock())
+            if lock.acquire(blocking=False):
+                try:
+                    if not self._in_step:
+                        self._in_step = True
+                        try:
+                            return self._evaluate(input, kwargs)
+                        finally:
+                            self._in_step = False
+                finally:
+                    lock.release()
         return self.forward(*input, **kwargs)
 
     # -- graph mode ----------------------------------------------------------------------------------------------------
