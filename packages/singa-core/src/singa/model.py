@@ -98,6 +98,12 @@ def _map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
     return obj
 
 
+def _same_structure(before: dict, after: dict) -> bool:
+    """Whether a step left the model's state tensors (and their buffers) as they were (see Model._structure)."""
+    return before.keys() == after.keys() and all(before[k][0] is after[k][0] and before[k][1] is after[k][1]
+                                                 for k in before)
+
+
 def _user_stacklevel() -> int:
     """The warnings stacklevel of the innermost caller outside singa (counted from the caller of this function)."""
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -266,7 +272,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
     def __call__(self, *input: Any, **kwargs: Any) -> Any:
         if self.training:
             return self.train_one_batch(*input, **kwargs)
-        if self.graph_mode and self.initialized and self._eval_off is None and not autograd.training \
+        if self.graph_mode and self.device is not None and self._eval_off is None and not autograd.training \
                 and _graph.recording() is None:
             # one thread at a time replays (the graphs' buffers are shared); the others, and a call from inside
             # forward, run it eagerly
@@ -333,8 +339,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
         for t in _tensors_in(out):
             t.creator = None  # the step is over; let its autograd tape (and temporaries) go
         after = self._structure()
-        if before.keys() != after.keys() or any(before[k][0] is not after[k][0] or before[k][1] is not after[k][1]
-                                                for k in before):
+        if not _same_structure(before, after):
             self._record_attempts += 1
             if self._record_attempts >= _MAX_RECORD_ATTEMPTS:
                 self._disable("every recorded step created or replaced parameter/state tensors (update them in "
@@ -364,8 +369,7 @@ class Model(layer.Layer, metaclass=ModelMeta):
         with _graph.Recorder(self.device) as rec:
             out = self.forward(*args, **kwargs)
         after = self._structure()
-        if before.keys() != after.keys() or any(before[k][0] is not after[k][0] or before[k][1] is not after[k][1]
-                                                for k in before):
+        if not _same_structure(before, after):
             return out  # forward made or replaced parameters: nothing to keep; the next call records again
         try:
             g = rec.finish(self.sequential, inference=True)
