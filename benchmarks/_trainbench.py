@@ -362,8 +362,8 @@ def measure_inference(spec: Spec, quick: bool) -> Table:
         "`dev.synchronize()`); torch "
         f"{benchlib.torch_threads()} threads. singa graph: the model compiled with `use_graph=True`, `model(x)` in "
         "evaluation mode replays the recorded forward with each convolution, its BatchNorm, the residual Add and "
-        "ReLU in one call where the weights are smaller than the activations they save a pass over "
-        "(`singa.graph_fuse`).")
+        "ReLU in one call where the weights are smaller than the activations they save a pass over, and the "
+        "activations between convolutions kept in oneDNN's channel blocks (`singa.graph_fuse`).")
     return table
 
 
