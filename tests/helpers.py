@@ -6,6 +6,9 @@ The ONNX seeds' models are in onnx_helpers.py (it needs singa-onnx).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import numpy as np
 
 from singa import autograd, layer, model, tensor
@@ -207,3 +210,21 @@ class CNN(model.Model):
         loss = self.loss(out, y)
         self.optimizer(loss)
         return out, loss
+
+
+def run_threads(work: Callable[[int], None], n: int) -> list[BaseException]:
+    """Run work(0) ... work(n - 1) in n threads at once; the exceptions any of them raised."""
+    raised: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return raised

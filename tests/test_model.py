@@ -14,7 +14,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from helpers import CNN, MLP
+from helpers import CNN, MLP, run_threads
 
 from singa import autograd, checkpoint, device, graph, layer, model, opt, tensor
 from singa.tensor import Tensor
@@ -518,28 +518,19 @@ def test_evaluation_outputs_and_inputs_stay_the_callers(dev):
 def test_evaluation_from_several_threads_gets_each_its_own_outputs(dev):
     """Threads sharing a model in evaluation: one replays at a time, the others run the forward eagerly; nobody
     reads another's outputs out of the graph's buffers."""
-    import threading
-
     m, states, rng = _evaluated(dev, (2, 4, 6, 6), channels=16)
     xs = [rng.standard_normal((2, 4, 6, 6)).astype(np.float32) for _ in range(4)]
     want = [_residual_net_reference(states, x)[0] for x in xs]
     errors: list = []
 
     def work(i: int) -> None:
-        try:
-            autograd.training = False  # per thread, as in torch: a new thread starts with the default
-            for _ in range(10):
-                got = tensor.to_numpy(m(tensor.from_numpy(xs[i], dev))[0])
-                if not np.allclose(got, want[i], rtol=1e-4, atol=1e-4):
-                    errors.append(i)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        autograd.training = False  # per thread, as in torch: a new thread starts with the default
+        for _ in range(10):
+            got = tensor.to_numpy(m(tensor.from_numpy(xs[i], dev))[0])
+            if not np.allclose(got, want[i], rtol=1e-4, atol=1e-4):
+                errors.append(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_threads(work, 4) == []
     assert errors == []
     assert len(m._eval_graphs) == 1
 

@@ -688,7 +688,7 @@ def test_autograd_on_keeps_the_plan_unless_a_gradient_flows_in(dev):
 
 def test_threads_sharing_a_rep_take_turns(dev):
     # a plan's recorded runs share their buffers: runs from several threads must not interleave inside them
-    import threading
+    from helpers import run_threads
 
     m = fire_and_residual()
     rep = sonnx.prepare(m, dev)
@@ -702,9 +702,5 @@ def test_threads_sharing_a_rep_take_turns(dev):
             if not all(np.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(got, want[i])):
                 errors.append(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_threads(work, 4) == []
     assert errors == []
