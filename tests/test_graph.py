@@ -448,3 +448,102 @@ def test_the_recording_steps_cached_blocks_are_given_back_before_the_arena(dev):
     xn = x.to_numpy()
     np.testing.assert_allclose(tensor.to_numpy(y), np.sum(np.maximum(xn @ w1.to_numpy() + xn @ w2.to_numpy(), 0)),
                                rtol=1e-4)
+
+
+def _names(g) -> list[str]:
+    return [c.name for c in g.calls]
+
+
+@pytest.mark.parametrize(("shape", "axis", "copies"), [
+    ((1, 3, 4, 5), 1, 0),  # batch 1: each input's slice of the result is dense, so its maker writes there
+    ((2, 3, 4, 5), 0, 0),  # slices along the first axis are dense at any batch
+    ((2, 3, 4, 5), 1, 3),  # two images: a channel slice is not, the copies stay
+])
+def test_values_only_copied_into_a_concat_are_written_into_it(dev, shape, axis, copies):
+    rng = np.random.default_rng(7)
+    x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.tanh(ops.concat([ops.relu(x), ops.mul(x, 2.0), ops.add(x, 1.0)], axis))
+    g = rec.finish()
+    del rec
+    assert _names(g).count("copy") == copies
+    for _ in range(2):
+        xn = rng.standard_normal(shape)
+        x.copy_from_numpy(xn.astype(np.float32))
+        g.run()
+        want = np.tanh(np.concatenate([np.maximum(xn, 0), xn * 2.0, xn + 1.0], axis))
+        np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_value_read_elsewhere_or_a_result_read_before_the_copy_keeps_the_copy(dev):
+    """Only a value nothing else reads is made in place; a read of the result before the copy must see what was
+    there before (the slice written early would change it)."""
+    from singa.backend import View
+
+    rng = np.random.default_rng(8)
+    x = tensor.from_numpy(rng.standard_normal((1, 2, 3, 3)).astype(np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        copy = dev.table["copy"]  # the recorder's hook (entries are replaced while it records)
+        a = ops.relu(x)
+        b = ops.exp(x)
+        side = ops.mul(a, 3.0)  # a second reader of a: a keeps its own buffer
+        r = ops.full((1, 4, 3, 3), 0.5, tensor.float32, dev)
+        before = ops.sum(r)  # reads r while b's slice still holds 0.5
+        copy(View(r.buffer, r.dtype, a.shape, r.strides, 0), a)
+        copy(View(r.buffer, r.dtype, b.shape, r.strides, 2 * r.strides[1]), b)
+        del a, b
+    g = rec.finish()
+    del rec
+    assert _names(g).count("copy") == 2
+    xn = rng.standard_normal((1, 2, 3, 3))
+    x.copy_from_numpy(xn.astype(np.float32))
+    g.run()
+    np.testing.assert_allclose(before.to_numpy(), 0.5 * 36, rtol=1e-6)
+    np.testing.assert_allclose(r.to_numpy(), np.concatenate([np.maximum(xn, 0), np.exp(xn)], 1), rtol=1e-5)
+    np.testing.assert_allclose(side.to_numpy(), np.maximum(xn, 0) * 3.0, rtol=1e-6)
+
+
+def test_kernels_whose_outputs_nothing_reads_are_not_replayed(dev):
+    rng = np.random.default_rng(9)
+    x = tensor.from_numpy(rng.standard_normal((3, 4)).astype(np.float32), dev)
+
+    def step():
+        unused = ops.exp(ops.mul(x, 2.0))  # a chain that leads nowhere
+        noise = ops.random_uniform(ops.empty((3, 4), tensor.float32, dev))  # unread, but it moves the generator
+        del unused, noise
+        return ops.relu(x)
+
+    with graph.Recorder(dev) as rec:
+        y = step()
+    g = rec.finish()
+    del rec
+    names = _names(g)
+    assert "exp" not in names
+    assert "mul_scalar" not in names
+    assert "relu" in names
+    assert any(n.startswith("random_") for n in names)
+    xn = rng.standard_normal((3, 4))
+    x.copy_from_numpy(xn.astype(np.float32))
+    g.run()
+    np.testing.assert_allclose(y.to_numpy(), np.maximum(xn, 0), rtol=1e-6)
+
+
+def test_a_kernel_that_reads_the_result_keeps_its_own_output(dev):
+    """r = r @ w through a copy: the product cannot be written over the r it reads."""
+    from singa.backend import View
+
+    rng = np.random.default_rng(10)
+    x, w = (tensor.from_numpy(rng.standard_normal((4, 4)).astype(np.float32), dev) for _ in range(2))
+    with graph.Recorder(dev) as rec:
+        copy = dev.table["copy"]
+        r = ops.add(x, 0.0)
+        t = ops.matmul(r, w)
+        copy(View(r.buffer, r.dtype, r.shape, r.strides, 0), t)
+        del t
+    g = rec.finish()
+    del rec
+    assert _names(g).count("copy") == 1
+    xn = rng.standard_normal((4, 4))
+    x.copy_from_numpy(xn.astype(np.float32))
+    g.run()
+    np.testing.assert_allclose(r.to_numpy(), xn @ w.to_numpy(), rtol=1e-5, atol=1e-5)

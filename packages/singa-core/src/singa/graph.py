@@ -376,12 +376,14 @@ class Recorder:
                 info.strong = info.ref()  # still alive: persistent (outputs, new states)
         if self.problem is not None:
             raise GraphUnsupported(self.problem)
+        from singa import graph_fuse
+
         calls = self.calls
         if inference:
-            from singa import graph_fuse
-
             calls = graph_fuse.fold_batchnorm(self.device, calls, self.infos)
             calls = graph_fuse.keep_channel_blocks(self.device, calls, self.infos)
+        calls = graph_fuse.write_into_slices(calls, self.infos)
+        calls = graph_fuse.drop_unread(calls, self.infos)
         return Graph(self.device, calls, self.infos, sequential)
 
 

@@ -26,6 +26,12 @@ operands into one group), poolings (pool2d's `blocks`; a pooling down to one pix
 what is NCHW too). A value read by any other call (a BatchNorm left unfolded, a reshape before a Linear), viewed in
 part, or outliving the step keeps NCHW, and so does its whole group; the convolutions at those edges convert.
 The same rules as singa_onnx.layout's, over kernel calls instead of ONNX nodes.
+
+Two rewrites hold for any recorded step (training, evaluation, an ONNX plan), so `Recorder.finish` applies them to
+all: `write_into_slices` lets a kernel whose output is only ever copied into a slice of another value (Concat's
+inputs) write into that slice itself, where the slice's elements lie one after another (at batch 1, or a slice along
+the first axis); `drop_unread` removes kernel calls whose every output is a temporary nothing reads (an ONNX
+Dropout's mask that no node uses).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from singa import dtypes
 from singa import graph as _graph
 from singa.backend import Device, View, contiguous_strides
 
-__all__ = ["fold_batchnorm", "keep_channel_blocks", "Groups"]
+__all__ = ["fold_batchnorm", "keep_channel_blocks", "write_into_slices", "drop_unread", "Groups"]
 
 
 class Groups:
@@ -317,3 +323,89 @@ def keep_channel_blocks(device: Device, calls: list, infos: list) -> list:
         params["blocks"] = blocks
         out.append(_graph._Call(c.kind, "conv2d_fused", fn, specs, params, c.reads, c.writes, c.phase))
     return out
+
+
+def _temporary(key: int, infos: list) -> bool:
+    """A value made in the step and dead after it (the planner places it)."""
+    info = infos[key]
+    return info.in_step and info.strong is None
+
+
+def _dense(spec: tuple) -> bool:
+    """The view's elements lie one after another in row-major order, as a contiguous view's do (the strides of
+    dimensions of size 1 never step)."""
+    return all(d == 1 or s == w for d, s, w in zip(spec[3], spec[4], contiguous_strides(spec[3])))
+
+
+def _extent(spec: tuple) -> tuple[int, int]:
+    """The bytes [start, end) of its buffer that a view can touch."""
+    _, _, dtype, shape, strides, offset = spec
+    lo = hi = offset
+    if _numel(shape) == 0:
+        return offset, offset
+    for d, st in zip(shape, strides):
+        if st > 0:
+            hi += (d - 1) * st
+        else:
+            lo += (d - 1) * st
+    size = dtypes.itemsize(dtype)
+    return lo * size, (hi + 1) * size
+
+
+def _apart(a: tuple, b: tuple) -> bool:
+    (a0, a1), (b0, b1) = _extent(a), _extent(b)
+    return a1 <= b0 or b1 <= a0
+
+
+def write_into_slices(calls: list, infos: list) -> list:
+    """The calls with each `copy(slice of r, t)` gone where one kernel call wrote all of t and nothing else reads it:
+    that call writes the slice instead. The slice must be dense (its elements as a contiguous view of its shape
+    would lie) and, between the two calls, nothing may read r or write the slice's bytes; the writer must not touch
+    r itself. t is then never made."""
+    touches: dict[int, list[int]] = {}
+    for i, c in enumerate(calls):
+        for k in c.touched():
+            touches.setdefault(k, []).append(i)
+    calls = list(calls)
+    gone: set[int] = set()
+    for j, c in enumerate(calls):
+        if c.kind != "kernel" or c.name != "copy" or len(c.specs) != 2:
+            continue
+        dst, src = c.specs
+        if dst is None or src is None or dst[0] != "v" or src[0] != "v":
+            continue
+        t, r = src[1], dst[1]
+        if (t == r or src[2:4] != dst[2:4] or not _whole(src, infos) or not _dense(dst)
+                or not _temporary(t, infos) or len(touches.get(t, ())) != 2 or touches[t][1] != j):
+            continue
+        i = touches[t][0]
+        w = calls[i]
+        out = w.specs[0] if w.kind == "kernel" and w.specs else None
+        if (out is None or w.name.startswith("random_") or out[0] != "v" or out[1] != t or out[2] != src[2]
+                or not _whole(out, infos) or t in w.reads or r in w.touched()
+                or any(s is not None and s[0] == "v" and s[1] == t for s in w.specs[1:])):
+            continue
+        if any(m not in gone and (r in calls[m].reads or (r in calls[m].writes and not all(
+                _apart(s, dst) for s in calls[m].specs if s is not None and s[0] == "v" and s[1] == r)))
+               for m in range(i + 1, j)):
+            continue
+        # the writer's own shape of t (a matmul's (1, m, n) for a copy's (m, n)): the same bytes, in order
+        specs = [("v", r, out[2], out[3], contiguous_strides(out[3]), dst[5])] + list(w.specs[1:])
+        reads, writes = _graph._access(w.name, specs, w.params)
+        calls[i] = _graph._Call(w.kind, w.name, w.fn, specs, w.params, reads, writes, w.phase, w.data)
+        gone.add(j)
+    return [c for j, c in enumerate(calls) if j not in gone]
+
+
+def drop_unread(calls: list, infos: list) -> list:
+    """The calls without the kernel calls (random ones aside: they advance the generator) whose every output is a
+    temporary that no later call reads."""
+    read: set[int] = set()
+    keep = []
+    for c in reversed(calls):
+        if (c.kind == "kernel" and not c.name.startswith("random_") and c.writes
+                and all(_temporary(k, infos) and k not in read for k in c.writes)):
+            continue
+        read |= c.reads
+        keep.append(c)
+    return keep[::-1]
