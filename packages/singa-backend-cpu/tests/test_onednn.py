@@ -529,6 +529,55 @@ def test_replayed_convolutions_are_bound_launches_that_follow_new_data(setting, 
 
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["nchw", "blocked"])
+def test_bound_launches_keep_reordered_constant_weights_until_they_are_declared_again(blocked, monkeypatch):
+    # a replayed convolution on weights declared constant runs as one C call on their kept reordered copy; weights
+    # written and declared again (a new token) are reordered anew, by the launch's slower path
+    from singa import graph, ops
+    from singa.backend import declare_constant
+
+    if onednn.library() is None:
+        pytest.skip("oneDNN is not installed")
+    block = DEV.channel_block if blocked else 0
+    if blocked and not block:
+        pytest.skip("no channel blocks without oneDNN")
+    monkeypatch.setenv(onednn.SETTING, "1")
+    onednn.reset()
+    layer = LAYERS[2]
+    stride, pad, groups = layer[5:]
+    x, w, b, r, _ = layer_operands(layer)
+    tx, tw, tb, tr = (tensor.from_numpy(a.astype(np.float32), DEV) for a in (x, w, b, r))
+    declare_constant([tw.buffer])
+    kw = {"residual": tr, "activation": "relu", "blocks": (block, block)}
+    ops.conv2d(tx, tw, tb, stride, pad, 1, groups, **kw)  # the plan is made and the weights' reordered copy kept
+    with graph.Recorder(DEV) as rec:
+        y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, **kw)
+    g = rec.finish()
+    (launch, _, _), = g._exec
+
+    def fast():
+        found = [c.cell_contents for c in launch.__closure__ if isinstance(c.cell_contents, onednn._Launch)]
+        return found[0] if found else None
+
+    first = fast()
+    assert first is not None
+    assert first.kept is not None
+    for redeclare in (False, True, False):
+        if redeclare:
+            w = RNG.standard_normal(w.shape) * 0.1
+            tw.copy_from_numpy(w.astype(np.float32))
+            declare_constant([tw.buffer])
+            assert not first.still_constant()
+        x2, r2 = RNG.standard_normal(x.shape), RNG.standard_normal(r.shape)
+        tx.copy_from_numpy((to_blocks(x2, block) if block else x2).astype(np.float32))
+        tr.copy_from_numpy((to_blocks(r2, block) if block else r2).astype(np.float32))
+        g.run()
+        want = np.maximum(conv_ref(x2, w, b, stride, pad, groups) + r2, 0)
+        got = tensor.to_numpy(y)
+        np.testing.assert_allclose(from_blocks(got, block) if block else got, want, rtol=1e-4, atol=1e-4)
+        assert fast().still_constant()  # the launch after a new declaration keeps the new copy
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["nchw", "blocked"])
 @pytest.mark.parametrize(("mode", "include"), [("max", False), ("avg", False), ("avg", True)])
 def test_replayed_poolings_are_bound_launches_that_follow_new_data(mode, include, blocked):
     # as the convolutions: our NCHW kernel with its arguments made, or oneDNN's plan on channel blocks, rerun on the

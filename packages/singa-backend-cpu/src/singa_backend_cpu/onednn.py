@@ -32,6 +32,7 @@ from typing import Any
 
 import cffi
 
+from singa.backend import constant_token
 from singa.kernel_args import describe
 
 SETTING = "SINGA_ONEDNN"
@@ -549,8 +550,6 @@ def _constant_weights(constant: tuple, nbytes: int) -> tuple[Any, int, bool]:
     """(block, its aligned address, whether it is new) for the reordered weights of `constant` = (key, buffer,
     token). A new block is this run's to fill and `_keep_weights` publishes it afterwards, so that another thread
     never reads a block still being written; entries whose buffer is gone or no longer declared are dropped."""
-    from singa.backend import constant_token
-
     key, buffer, token = constant
     with _weights_lock:
         entry = _weights.get(key)
@@ -676,16 +675,96 @@ def _bound(pkey: tuple, threads: int, kind: str, views: tuple, addresses: list[i
     weights = weights if weights is not None and plan.weight_step >= 0 else None
     after = tail if plan.tail else None
     pointers = [plan.lib.ffi.cast("void *", a) for a in addresses]
+    fast = _Launch.make(plan, addresses, None if weights is None else _constant(weights, ckey))
 
     def launch() -> None:
+        nonlocal fast
         if _thread.plans.get(pkey) is not plan or _threads() != threads:
             slow()
-            return
-        _run(plan, kind, views, addresses, None if weights is None else _constant(weights, ckey), pointers)
+        elif fast is not None and fast.still_constant():
+            fast.run(views)
+        else:  # weights declared again: reordered anew (and kept), then launched from C again
+            constant = None if weights is None else _constant(weights, ckey)
+            _run(plan, kind, views, addresses, constant, pointers)
+            fast = _Launch.make(plan, addresses, constant)
         if after is not None:
             after()
 
     return launch
+
+
+class _Launch:
+    """`_Plan.run` on fixed addresses as one C call (sg_onednn_launch): the memory objects, their handles, the
+    primitives and their arguments gathered once. With constant weights it points the weights' memory at their kept
+    reordered copy (holding it) and leaves out the reorder, for as long as the weights stay declared with that token."""
+
+    def __init__(self, plan: _Plan, handles: list[tuple[Any, int, bool]], steps: list, residual: tuple,
+                 kept: tuple | None) -> None:
+        from singa_backend_cpu.device import ffi, lib
+
+        dffi, dlib = plan.lib.ffi, plan.lib.lib
+
+        def address(cdata: Any) -> int:
+            return int(dffi.cast("uintptr_t", cdata))
+
+        self.plan, self.lib, self.kept = plan, lib, kept
+        self.arena_bytes = plan.arena_bytes
+        c = self.struct = ffi.new("sg_onednn_launch_t *")
+        c.set_handle = ffi.cast("void *", address(dlib.dnnl_memory_set_data_handle))
+        c.execute = ffi.cast("void *", address(dlib.dnnl_primitive_execute))
+        c.wait = ffi.cast("void *", address(dlib.dnnl_stream_wait))
+        c.stream = ffi.cast("void *", address(_thread.stream))
+        self.arrays = [  # kept alive with the struct that points at them
+            ffi.new("void *[]", [ffi.cast("void *", address(m)) for m, _, _ in handles]),
+            ffi.new("intptr_t[]", [h for _, h, _ in handles]),
+            ffi.new("char[]", bytes(int(a) for _, _, a in handles)),
+            ffi.new("void *[]", [ffi.cast("void *", address(p)) for p, _, _ in steps]),
+            ffi.new("int[]", [n for _, _, n in steps]),
+            ffi.new("void *[]", [ffi.cast("void *", address(a)) for _, a, _ in steps]),
+        ]
+        c.nmem, c.nsteps = len(handles), len(steps)
+        c.mems, c.handles, c.in_arena, c.primitives, c.nargs, c.args = self.arrays
+        dst, src, nbytes = residual
+        c.residual_dst, c.residual_src = ffi.cast("char *", dst), ffi.cast("char *", src)
+        c.residual_bytes = nbytes
+        self.failed = ffi.new("int *")
+
+    @classmethod
+    def make(cls, plan: _Plan, addresses: list[int], constant: tuple | None) -> _Launch | None:
+        """The launch of `plan` on `addresses`; None where its constant weights have no kept copy yet."""
+        handles = [(m, a, False) for m, a in zip(plan.user, addresses)]
+        handles += [(m, off, True) for m, off in zip(plan.temps, plan.offsets)]
+        steps, kept = plan.steps, None
+        if constant is not None:
+            key, buffer, token = constant
+            with _weights_lock:
+                entry = _weights.get(key)
+            if entry is None or entry[0]() is not buffer or entry[1] != token:
+                return None
+            handles.append((plan.weight_temp, entry[3], False))
+            steps = [s for i, s in enumerate(steps) if i != plan.weight_step]
+            kept = (weakref.ref(buffer), token, entry[2])
+        residual = (addresses[0], addresses[-1], plan.residual_bytes) if plan.residual_bytes else (0, 0, 0)
+        return cls(plan, handles, steps, residual, kept)
+
+    def still_constant(self) -> bool:
+        """Whether the kept weights (if any) are still those of the declared buffer."""
+        if self.kept is None:
+            return True
+        buffer = self.kept[0]()
+        return buffer is not None and constant_token(buffer) == self.kept[1]
+
+    def run(self, views: tuple) -> None:
+        arena = _thread.arena(self.arena_bytes) if self.arena_bytes else 0
+        status = self.lib.sg_onednn_launch(self.struct, arena, self.failed)
+        if status:
+            step = self.failed[0]
+            call = "dnnl_memory_set_data_handle" if step < 0 else "dnnl_primitive_execute"
+            try:
+                self.plan.lib.check(status, call, self.plan.what)
+            except OneDnnError as exc:
+                raise OneDnnError(f"cpu kernel ({', '.join(describe(v) for v in views if v is not None)}): "
+                                  f"{exc}") from None
 
 
 def _aligned_threads() -> int:
@@ -707,8 +786,6 @@ def _execute(plan: _Plan, kind: str, views: tuple, addresses: list[int], weights
 
 def _constant(weights: Any, key: tuple) -> tuple | None:
     """plan.run's `constant` for the weights view: None unless its buffer is declared constant."""
-    from singa.backend import constant_token
-
     token = constant_token(weights.buffer)
     return ((*key, token, weights.offset), weights.buffer, token) if token else None
 

@@ -12,6 +12,28 @@ int sg_get_num_threads(void);
  * worker free to run on the process's CPUs `all` again. Returns how many workers could not be moved. */
 int sg_pin_workers(const int *cpus, int n, const int *all, int nall);
 
+/* onednn_launch.c: one launch of a oneDNN plan: point each memory object at its handle (an address, or an offset into
+ * `arena` where in_arena[i]), copy the residual into the output, execute the primitives, wait. Returns oneDNN's status;
+ * *failed: the step that failed (-1: a handle). */
+typedef struct {
+    void *set_handle;
+    void *execute;
+    void *wait;
+    void *stream;
+    int nmem;
+    void **mems;
+    const intptr_t *handles;
+    const char *in_arena;
+    char *residual_dst;
+    const char *residual_src;
+    int64_t residual_bytes;
+    int nsteps;
+    void **primitives;
+    const int *nargs;
+    void **args;
+} sg_onednn_launch_t;
+int sg_onednn_launch(const sg_onednn_launch_t *L, intptr_t arena, int *failed);
+
 /* reduce.c: op 0 sum, 1 mean, 2 max, 3 min, 4 prod; dims = shape[ndim] then a 0/1 "reduced" flag per axis */
 int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, char *out, int64_t oo, int ndim,
               const int64_t *dims);
