@@ -206,6 +206,11 @@ def mode() -> str:
     return value
 
 
+def in_use() -> bool:
+    """oneDNN is installed and not turned off (SINGA_ONEDNN=0)."""
+    return library() is not None and mode() != "0"
+
+
 _sgemm_on = False
 
 
@@ -658,7 +663,7 @@ def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[
 def bound_pool(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
                stride: tuple, padding: tuple, dilation: tuple, mode: str, count_include_pad: bool,
                slow: Callable[[], None]) -> Callable[[], None] | None:
-    """pool_blocked's launch on fixed operands, as bound_conv's; None where it has no oneDNN plan."""
+    """pool's launch on fixed operands, as bound_conv's; None where it has no oneDNN plan."""
     key = ("pool2d", tuple(x_shape), tuple(y_shape), block, kernel, stride, padding, dilation, mode,
            count_include_pad)
     threads = _threads()
@@ -798,14 +803,21 @@ def _run(plan: _Plan, kind: str, views: tuple, addresses: list[int], constant: t
         raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
 
 
-def pool_blocked(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
-                 stride: tuple, padding: tuple, dilation: tuple, mode: str, count_include_pad: bool) -> bool:
-    """pool2d (no indices) on x and y in channel blocks of `block`, with oneDNN's pooling; False, having done
-    nothing, where oneDNN is not in use or its semantics differ: average pooling counting the padding whose windows
-    run past the declared padding (ceil mode), where oneDNN would count that part too."""
+def pool(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
+         stride: tuple, padding: tuple, dilation: tuple, mode: str, count_include_pad: bool) -> bool:
+    """float32 pool2d (no indices) with oneDNN's pooling, on x and y in channel blocks of `block` (0: NCHW, used for
+    average pooling, where oneDNN's kernels take a third to half of our time; our max pooling keeps its NaN and
+    signed-zero rules there); False, having done nothing, where oneDNN is not in use or its semantics differ:
+    average pooling counting the padding whose windows run past the declared padding (ceil mode), where oneDNN would
+    count that part too."""
     key = ("pool2d", tuple(x_shape), tuple(y_shape), block, kernel, stride, padding, dilation, mode,
            count_include_pad)
-    if channel_block() != block or key in _unbuildable:
+    if key in _unbuildable:
+        return False
+    if block:
+        if channel_block() != block:
+            return False
+    elif not in_use():
         return False
     threads = _aligned_threads()
     plan = _thread.plans.get((key, threads))
@@ -822,7 +834,7 @@ def pool_blocked(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_ad
             return False
         alg = POOLING_MAX if mode == "max" else POOLING_AVG_INCLUDE if count_include_pad else POOLING_AVG_EXCLUDE
         plan = _Plan(lib, f"pool2d of x {'x'.join(map(str, x_shape))}")
-        ffi, tag = lib.ffi, TAG_BLOCKED[block]
+        ffi, tag = lib.ffi, TAG_BLOCKED[block] if block else TAG_ABCD
         x_md, y_md = plan.md(x_shape, tag), plan.md(y_shape, tag)
         try:
             pd = plan.pd(lib.lib.dnnl_pooling_forward_primitive_desc_create, lib.engine, FORWARD_INFERENCE, alg,

@@ -475,12 +475,15 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
                                                 f"{block or '(none: oneDNN is not in use)'}, dividing the channels, "
                                                 "without indices")
         args = (kernel, stride or kernel, padding, dilation, mode, count_include_pad)
-        if x.dtype == F32 and onednn.pool_blocked(views, x.shape, out.shape, _address(x), _address(out), block,
-                                                  *args):
+        if x.dtype == F32 and onednn.pool(views, x.shape, out.shape, _address(x), _address(out), block, *args):
             return
         op = _unblocked(out, block, fill=False)
         _pool2d(op, None, _unblocked(x, block), *args)
         _copy(channel_split(out, block, True), channel_split(op, block, False))
+        return
+    if (mode == "avg" and indices is None and x.dtype == F32 and out.strides == _layout(out.shape)[0]
+            and onednn.pool(views, x.shape, out.shape, _address(x), _address(out), 0, kernel, stride or kernel,
+                            padding, dilation, mode, count_include_pad)):
         return
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
     status = lib.sg_pool2d(x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset,
@@ -490,8 +493,9 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
 
 def _bind_pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
                  count_include_pad=False, blocks=0):
-    """Graph replay's launch of a pooling: oneDNN's plan for channel blocks (onednn.bound_pool), or our own kernel
-    with its arguments made; None where the call must go the whole way."""
+    """Graph replay's launch of a pooling: the oneDNN plan the recording ran (onednn.bound_pool: channel blocks, and
+    float32 NCHW average pooling), or our own kernel with its arguments made; None where the call must go the whole
+    way."""
     views = (out, indices, x)
     if x.dtype not in FLOATS or any(v is not None and v.strides != _layout(v.shape)[0] for v in views):
         return None
@@ -499,11 +503,12 @@ def _bind_pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 
     def slow() -> None:
         _pool2d(out, indices, x, kernel, stride, padding, dilation, mode, count_include_pad, blocks)
 
-    if blocks:
-        if x.dtype != F32:
-            return None
-        return onednn.bound_pool(views, x.shape, out.shape, _address(x), _address(out), blocks, kernel,
-                                 stride or kernel, padding, dilation, mode, count_include_pad, slow)
+    if blocks or (mode == "avg" and indices is None and x.dtype == F32):  # the plan the recording ran, if any
+        bound = None if x.dtype != F32 else onednn.bound_pool(
+            views, x.shape, out.shape, _address(x), _address(out), blocks, kernel, stride or kernel, padding,
+            dilation, mode, count_include_pad, slow)
+        if bound is not None or blocks:
+            return bound
     code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
     args = (x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset, out.buffer.handle, out.offset,
             *((indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)), geom)
