@@ -203,8 +203,9 @@ def run(quick: bool = False) -> Table:
         "sgemm; depthwise convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "
         "is one kernel and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own "
         "Add). A replayed run calls each kernel from Python; convolutions, poolings, copies and element-wise "
-        "kernels as launches worked out when the run was recorded (the CPU backend's `bind`), a few microseconds "
-        "each.")
+        "kernels as launches worked out when the run was recorded (the CPU backend's `bind`; a oneDNN plan is one C "
+        "call), a few microseconds each. At batch 1 the kernels that make a channel Concat's inputs write into it "
+        "(no copies), and outputs nothing reads (Dropout's mask) are not computed.")
     table.notes.append(benchlib.openmp_note())
     return table
 
