@@ -475,6 +475,20 @@ def test_values_only_copied_into_a_concat_are_written_into_it(dev, shape, axis, 
         np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_chain_of_copies_into_a_concat_collapses_onto_the_first_writer(dev):
+    rng = np.random.default_rng(11)
+    x = tensor.from_numpy(rng.standard_normal((1, 2, 3, 3)).astype(np.float32), dev)
+    with graph.Recorder(dev) as rec:
+        y = ops.concat([ops.copy(ops.copy(ops.relu(x))), ops.exp(x)], 1)
+    g = rec.finish()
+    del rec
+    assert _names(g) == ["relu", "exp"]
+    xn = rng.standard_normal((1, 2, 3, 3))
+    x.copy_from_numpy(xn.astype(np.float32))
+    g.run()
+    np.testing.assert_allclose(y.to_numpy(), np.concatenate([np.maximum(xn, 0), np.exp(xn)], 1), rtol=1e-6)
+
+
 def test_a_value_read_elsewhere_or_a_result_read_before_the_copy_keeps_the_copy(dev):
     """Only a value nothing else reads is made in place; a read of the result before the copy must see what was
     there before (the slice written early would change it)."""

@@ -362,10 +362,10 @@ def write_into_slices(calls: list, infos: list) -> list:
     that call writes the slice instead. The slice must be dense (its elements as a contiguous view of its shape
     would lie) and, between the two calls, nothing may read r or write the slice's bytes; the writer must not touch
     r itself. t is then never made."""
-    touches: dict[int, list[int]] = {}
+    touches: dict[int, set[int]] = {}  # kept up to date as writers move: chains of copies collapse
     for i, c in enumerate(calls):
         for k in c.touched():
-            touches.setdefault(k, []).append(i)
+            touches.setdefault(k, set()).add(i)
     calls = list(calls)
     gone: set[int] = set()
     for j, c in enumerate(calls):
@@ -375,10 +375,11 @@ def write_into_slices(calls: list, infos: list) -> list:
         if dst is None or src is None or dst[0] != "v" or src[0] != "v":
             continue
         t, r = src[1], dst[1]
+        users = touches.get(t, set())
         if (t == r or src[2:4] != dst[2:4] or not _whole(src, infos) or not _dense(dst)
-                or not _temporary(t, infos) or len(touches.get(t, ())) != 2 or touches[t][1] != j):
+                or not _temporary(t, infos) or len(users) != 2 or max(users) != j):
             continue
-        i = touches[t][0]
+        i = min(users)
         w = calls[i]
         out = w.specs[0] if w.kind == "kernel" and w.specs else None
         if (out is None or w.name.startswith("random_") or out[0] != "v" or out[1] != t or out[2] != src[2]
@@ -394,6 +395,8 @@ def write_into_slices(calls: list, infos: list) -> list:
         reads, writes = _graph._access(w.name, specs, w.params)
         calls[i] = _graph._Call(w.kind, w.name, w.fn, specs, w.params, reads, writes, w.phase, w.data)
         gone.add(j)
+        touches[t] = set()
+        touches[r] = (touches[r] - {j}) | {i}
     return [c for j, c in enumerate(calls) if j not in gone]
 
 
