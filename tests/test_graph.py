@@ -455,9 +455,10 @@ def _names(g) -> list[str]:
 
 
 @pytest.mark.parametrize(("shape", "axis", "copies"), [
-    ((1, 3, 4, 5), 1, 0),  # batch 1: each input's slice of the result is dense, so its maker writes there
-    ((2, 3, 4, 5), 0, 0),  # slices along the first axis are dense at any batch
-    ((2, 3, 4, 5), 1, 3),  # two images: a channel slice is not, the copies stay
+    ((1, 4, 4, 4), 1, 0),  # batch 1: each input's slice of the result is dense, so its maker writes there
+    ((2, 4, 4, 4), 0, 0),  # slices along the first axis are dense at any batch
+    ((2, 4, 4, 4), 1, 3),  # two images: a channel slice is not, the copies stay
+    ((1, 3, 4, 5), 1, 2),  # slices starting 240 and 480 bytes in (not multiples of 64) keep their copies
 ])
 def test_values_only_copied_into_a_concat_are_written_into_it(dev, shape, axis, copies):
     rng = np.random.default_rng(7)
@@ -477,13 +478,13 @@ def test_values_only_copied_into_a_concat_are_written_into_it(dev, shape, axis, 
 
 def test_a_chain_of_copies_into_a_concat_collapses_onto_the_first_writer(dev):
     rng = np.random.default_rng(11)
-    x = tensor.from_numpy(rng.standard_normal((1, 2, 3, 3)).astype(np.float32), dev)
+    x = tensor.from_numpy(rng.standard_normal((1, 2, 4, 4)).astype(np.float32), dev)
     with graph.Recorder(dev) as rec:
         y = ops.concat([ops.copy(ops.copy(ops.relu(x))), ops.exp(x)], 1)
     g = rec.finish()
     del rec
     assert _names(g) == ["relu", "exp"]
-    xn = rng.standard_normal((1, 2, 3, 3))
+    xn = rng.standard_normal((1, 2, 4, 4))
     x.copy_from_numpy(xn.astype(np.float32))
     g.run()
     np.testing.assert_allclose(y.to_numpy(), np.concatenate([np.maximum(xn, 0), np.exp(xn)], 1), rtol=1e-6)
@@ -495,13 +496,13 @@ def test_a_value_read_elsewhere_or_a_result_read_before_the_copy_keeps_the_copy(
     from singa.backend import View
 
     rng = np.random.default_rng(8)
-    x = tensor.from_numpy(rng.standard_normal((1, 2, 3, 3)).astype(np.float32), dev)
+    x = tensor.from_numpy(rng.standard_normal((1, 2, 4, 4)).astype(np.float32), dev)
     with graph.Recorder(dev) as rec:
         copy = dev.table["copy"]  # the recorder's hook (entries are replaced while it records)
         a = ops.relu(x)
         b = ops.exp(x)
         side = ops.mul(a, 3.0)  # a second reader of a: a keeps its own buffer
-        r = ops.full((1, 4, 3, 3), 0.5, tensor.float32, dev)
+        r = ops.full((1, 4, 4, 4), 0.5, tensor.float32, dev)
         before = ops.sum(r)  # reads r while b's slice still holds 0.5
         copy(View(r.buffer, r.dtype, a.shape, r.strides, 0), a)
         copy(View(r.buffer, r.dtype, b.shape, r.strides, 2 * r.strides[1]), b)
@@ -509,10 +510,10 @@ def test_a_value_read_elsewhere_or_a_result_read_before_the_copy_keeps_the_copy(
     g = rec.finish()
     del rec
     assert _names(g).count("copy") == 2
-    xn = rng.standard_normal((1, 2, 3, 3))
+    xn = rng.standard_normal((1, 2, 4, 4))
     x.copy_from_numpy(xn.astype(np.float32))
     g.run()
-    np.testing.assert_allclose(before.to_numpy(), 0.5 * 36, rtol=1e-6)
+    np.testing.assert_allclose(before.to_numpy(), 0.5 * 64, rtol=1e-6)
     np.testing.assert_allclose(r.to_numpy(), np.concatenate([np.maximum(xn, 0), np.exp(xn)], 1), rtol=1e-5)
     np.testing.assert_allclose(side.to_numpy(), np.maximum(xn, 0) * 3.0, rtol=1e-6)
 

@@ -357,11 +357,15 @@ def _apart(a: tuple, b: tuple) -> bool:
     return a1 <= b0 or b1 <= a0
 
 
+_SLICE_ALIGN = 64  # bytes: where a slice may start for a kernel to write it (libraries want aligned operands)
+
+
 def write_into_slices(calls: list, infos: list) -> list:
     """The calls with each `copy(slice of r, t)` gone where one kernel call wrote all of t and nothing else reads it:
     that call writes the slice instead. The slice must be dense (its elements as a contiguous view of its shape
-    would lie) and, between the two calls, nothing may read r or write the slice's bytes; the writer must not touch
-    r itself. t is then never made."""
+    would lie) and start at a multiple of 64 bytes (cuDNN's and oneDNN's fast kernels want aligned pointers), and,
+    between the two calls, nothing may read r or write the slice's bytes; the writer must not touch r itself. t is
+    then never made."""
     touches: dict[int, set[int]] = {}  # kept up to date as writers move: chains of copies collapse
     for i, c in enumerate(calls):
         for k in c.touched():
@@ -377,6 +381,7 @@ def write_into_slices(calls: list, infos: list) -> list:
         t, r = src[1], dst[1]
         users = touches.get(t, set())
         if (t == r or src[2:4] != dst[2:4] or not _whole(src, infos) or not _dense(dst)
+                or dst[5] * dtypes.itemsize(dst[2]) % _SLICE_ALIGN
                 or not _temporary(t, infos) or len(users) != 2 or max(users) != j):
             continue
         i = min(users)
