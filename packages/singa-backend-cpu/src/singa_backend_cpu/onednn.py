@@ -687,7 +687,7 @@ def _bound(pkey: tuple, threads: int, kind: str, views: tuple, addresses: list[i
         if _thread.plans.get(pkey) is not plan or _threads() != threads:
             slow()
         elif fast is not None and fast.still_constant():
-            fast.run(views)
+            fast.run(kind, views)
         else:  # weights declared again: reordered anew (and kept), then launched from C again
             constant = None if weights is None else _constant(weights, ckey)
             _run(plan, kind, views, addresses, constant, pointers)
@@ -759,17 +759,15 @@ class _Launch:
         buffer = self.kept[0]()
         return buffer is not None and constant_token(buffer) == self.kept[1]
 
-    def run(self, views: tuple) -> None:
+    def run(self, kind: str, views: tuple) -> None:
         arena = _thread.arena(self.arena_bytes) if self.arena_bytes else 0
         status = self.lib.sg_onednn_launch(self.struct, arena, self.failed)
         if status:
-            step = self.failed[0]
-            call = "dnnl_memory_set_data_handle" if step < 0 else "dnnl_primitive_execute"
+            call = "dnnl_memory_set_data_handle" if self.failed[0] < 0 else "dnnl_primitive_execute"
             try:
                 self.plan.lib.check(status, call, self.plan.what)
             except OneDnnError as exc:
-                raise OneDnnError(f"cpu kernel ({', '.join(describe(v) for v in views if v is not None)}): "
-                                  f"{exc}") from None
+                raise _named(exc, kind, views) from None
 
 
 def _aligned_threads() -> int:
@@ -800,7 +798,12 @@ def _run(plan: _Plan, kind: str, views: tuple, addresses: list[int], constant: t
     try:
         plan.run(addresses, _thread, constant, pointers)
     except (OneDnnError, MemoryError) as exc:
-        raise type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}") from None
+        raise _named(exc, kind, views) from None
+
+
+def _named(exc: Exception, kind: str, views: tuple) -> Exception:
+    """`exc` again, its message led by the kernel and its operands."""
+    return type(exc)(f"cpu kernel {kind}({', '.join(describe(v) for v in views if v is not None)}): {exc}")
 
 
 def pool(views: tuple, x_shape: tuple, y_shape: tuple, x_addr: int, y_addr: int, block: int, kernel: tuple,
@@ -907,7 +910,7 @@ def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
     """The oneDNN plans that build for `key` (none where oneDNN is absent or turned off); oneDNN refuses some
     shapes (e.g. padding past what the output needs), and our own kernel runs those."""
     found = {}
-    if library() is None or mode() == "0":
+    if not in_use():
         return found
     threads = _threads()
     for provider, blocked in ((BLOCKED, True), (PLAIN, False)):
