@@ -467,6 +467,7 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
     kernel_checks.pool_indices("cpu", views, indices, out)
     x = _contiguous(x)
     code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)
+    args = (kernel, stride or kernel, padding, dilation, mode, count_include_pad)
     if blocks:
         block = onednn.channel_block()
         if (blocks != block or indices is not None or out.strides != _layout(out.shape)[0]
@@ -474,21 +475,24 @@ def _pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), d
             raise _shape_error("pool2d", views, f"blocks {blocks}: must be this device's channel block "
                                                 f"{block or '(none: oneDNN is not in use)'}, dividing the channels, "
                                                 "without indices")
-        args = (kernel, stride or kernel, padding, dilation, mode, count_include_pad)
         if x.dtype == F32 and onednn.pool(views, x.shape, out.shape, _address(x), _address(out), block, *args):
             return
         op = _unblocked(out, block, fill=False)
         _pool2d(op, None, _unblocked(x, block), *args)
         _copy(channel_split(out, block, True), channel_split(op, block, False))
         return
-    if (mode == "avg" and indices is None and x.dtype == F32 and out.strides == _layout(out.shape)[0]
-            and onednn.pool(views, x.shape, out.shape, _address(x), _address(out), 0, kernel, stride or kernel,
-                            padding, dilation, mode, count_include_pad)):
+    if (_nchw_pool_on_onednn(mode, indices, x) and out.strides == _layout(out.shape)[0]
+            and onednn.pool(views, x.shape, out.shape, _address(x), _address(out), 0, *args)):
         return
     ih, io = (indices.buffer.handle, indices.offset) if indices is not None else (_NULL, 0)
     status = lib.sg_pool2d(x.dtype, code, 1 if count_include_pad else 0, x.buffer.handle, x.offset,
                            out.buffer.handle, out.offset, ih, io, geom)
     _check(status, "pool2d", views)
+
+
+def _nchw_pool_on_onednn(mode: str, indices, x) -> bool:
+    """An NCHW pooling oneDNN may run: float32 averages (our max pooling keeps its NaN and signed-zero rules)."""
+    return mode == "avg" and indices is None and x.dtype == F32
 
 
 def _bind_pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 0), dilation=(1, 1), mode="max",
@@ -503,10 +507,11 @@ def _bind_pool2d(out, indices, x, kernel=(2, 2), stride=None, padding=(0, 0, 0, 
     def slow() -> None:
         _pool2d(out, indices, x, kernel, stride, padding, dilation, mode, count_include_pad, blocks)
 
-    if blocks or (mode == "avg" and indices is None and x.dtype == F32):  # the plan the recording ran, if any
-        bound = None if x.dtype != F32 else onednn.bound_pool(
-            views, x.shape, out.shape, _address(x), _address(out), blocks, kernel, stride or kernel, padding,
-            dilation, mode, count_include_pad, slow)
+    if blocks and x.dtype != F32:
+        return None
+    if blocks or _nchw_pool_on_onednn(mode, indices, x):  # the plan the recording ran, if any
+        bound = onednn.bound_pool(views, x.shape, out.shape, _address(x), _address(out), blocks, kernel,
+                                  stride or kernel, padding, dilation, mode, count_include_pad, slow)
         if bound is not None or blocks:
             return bound
     code, geom = _pool_geometry("pool2d", x.shape, out.shape, kernel, stride, padding, dilation, mode, views)

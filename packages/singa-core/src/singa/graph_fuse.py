@@ -82,6 +82,12 @@ def _whole(spec: Any, infos: list) -> bool:
             and _numel(shape) * dtypes.itemsize(dtype) == infos[key].nbytes)
 
 
+def _temporary(key: int, infos: list) -> bool:
+    """A value made in the step and dead after it (the planner places it)."""
+    info = infos[key]
+    return info.in_step and info.strong is None
+
+
 def _vector(spec: Any, k: int, dtype: int) -> bool:
     return spec is not None and spec[0] == "v" and spec[3] == (k,) and spec[4] == (1,) and spec[2] == dtype
 
@@ -250,8 +256,7 @@ def _fits_blocks(spec: Any, infos: list, block: int) -> bool:
     """A whole float32 NCHW value, made in the step and dead after it, whose channels are whole blocks."""
     if not _whole(spec, infos) or spec[2] != dtypes.float32 or len(spec[3]) != 4 or spec[3][1] % block:
         return False
-    info = infos[spec[1]]
-    return info.in_step and info.strong is None
+    return _temporary(spec[1], infos)
 
 
 def _layout_positions(c: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None:
@@ -323,12 +328,6 @@ def keep_channel_blocks(device: Device, calls: list, infos: list) -> list:
         params["blocks"] = blocks
         out.append(_graph._Call(c.kind, "conv2d_fused", fn, specs, params, c.reads, c.writes, c.phase))
     return out
-
-
-def _temporary(key: int, infos: list) -> bool:
-    """A value made in the step and dead after it (the planner places it)."""
-    info = infos[key]
-    return info.in_step and info.strong is None
 
 
 def _dense(spec: tuple) -> bool:
