@@ -350,6 +350,49 @@ def test_in_place_needs_the_same_view_and_a_dying_input(dev):
     assert g.summary()["in_place"] == 1  # only the last mul, where both u and v die, may write over one of them
 
 
+def test_other_kernels_write_over_an_input_only_where_the_device_says_so(dev, monkeypatch):
+    """conv2d_fused's output takes the bytes of a residual that dies at the call only where the device lists it in
+    Device.shares_output_with, never when the residual is read later or is also the convolution's input; the replays
+    equal a float64 numpy reference either way."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 8, 6, 6)).astype(np.float32)
+    wa = (rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32)
+    x, w = tensor.from_numpy(a, dev), tensor.from_numpy(wa, dev)
+
+    def conv_ref(v):
+        p = np.pad(v.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        cols = np.stack([p[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3)], axis=2)  # (N, C, 9, H, W)
+        return np.einsum("nckhw,ock->nohw", cols, wa.astype(np.float64).reshape(8, 8, 9))
+
+    def dying(t):  # the residual (a neg) is read by the convolution only
+        return ops.neg(ops.conv2d(t, w, None, 1, 1, residual=ops.neg(t), activation="relu"))
+
+    def read_later(t):  # the residual is also read after the convolution
+        r = ops.neg(t)
+        return ops.add(ops.conv2d(t, w, None, 1, 1, residual=r, activation="relu"), r)
+
+    def also_the_input(t):  # the residual is the convolution's own input (same shape: 8 -> 8 channels, padding 1)
+        r = ops.neg(t)
+        return ops.neg(ops.conv2d(r, w, None, 1, 1, residual=r, activation="relu"))
+
+    refs = {dying: lambda v: -np.maximum(conv_ref(v) - v, 0),
+            read_later: lambda v: np.maximum(conv_ref(v) - v, 0) - v,
+            also_the_input: lambda v: -np.maximum(conv_ref(-v) - v, 0)}
+    shares = "conv2d_fused" in type(dev).shares_output_with
+    for said in (True, False):
+        if not said:
+            monkeypatch.setattr(type(dev), "shares_output_with", {})
+        for fn, ref in refs.items():
+            g, y = _record(dev, fn, x)
+            want = int(said and shares and fn is dying)
+            assert g.summary()["in_place"] == want, (fn.__name__, said)
+            for _ in range(2):
+                v = rng.standard_normal(a.shape).astype(np.float32)
+                x.copy_from_numpy(v)
+                g.run()
+                np.testing.assert_allclose(y.to_numpy(), ref(v), rtol=1e-4, atol=1e-4, err_msg=fn.__name__)
+
+
 # -- time profiling --------------------------------------------------------------------------------------------------
 
 

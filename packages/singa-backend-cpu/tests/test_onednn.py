@@ -530,6 +530,58 @@ def test_replayed_convolutions_are_bound_launches_that_follow_new_data(setting, 
     assert errors == [None]
 
 
+@pytest.mark.parametrize(("setting", "dtype", "blocked"), [
+    ("1", np.float32, False), ("1", np.float32, True), ("nchw", np.float32, False), ("0", np.float32, False),
+    ("auto", np.float32, False), ("auto", np.float64, False)])
+def test_a_residual_in_the_outputs_own_bytes_is_added_on_every_path(setting, dtype, blocked, monkeypatch):
+    # Device.shares_output_with: conv2d_fused runs with the residual as its output's very view, called directly (the
+    # first call also times the providers under auto) and in a replayed graph that plans the output over a residual
+    # dying at the call; oneDNN's sum post-op adds it where it lies, the other paths add a copy taken first
+    from singa import graph, ops
+    from singa_backend_cpu.table import kernels as K
+
+    assert DEV.shares_output_with == {"conv2d_fused": "residual"}
+    block = DEV.channel_block
+    if blocked and not block:
+        pytest.skip("no channel blocks without oneDNN")
+    monkeypatch.setenv(onednn.SETTING, setting)
+    layer = LAYERS[1]
+    stride, pad, groups = layer[5:]
+    x, w, b, r, ref = layer_operands(layer)
+    kind = dtypes.float64 if dtype == np.float64 else dtypes.float32
+
+    def put(a):
+        return tensor.Tensor(device=DEV, data=(to_blocks(a, block) if blocked else a).astype(dtype), dtype=kind)
+
+    def get(t):
+        a = tensor.to_numpy(t)
+        return from_blocks(a, block) if blocked else a
+
+    blocks = (block, block) if blocked else (0, 0)
+    params = {"stride": (stride, stride), "padding": (pad,) * 4, "groups": groups, "activation": "relu",
+              **({"blocks": blocks} if blocked else {})}
+    tx, tw, tb = put(x), tensor.Tensor(device=DEV, data=w.astype(dtype), dtype=kind), \
+        tensor.Tensor(device=DEV, data=b.astype(dtype), dtype=kind)
+    for _ in range(2):
+        tr = put(r)
+        K["conv2d_fused"](tr.data, tx.data, tw.data, tb.data, tr.data, **params)
+        np.testing.assert_allclose(get(tr), np.maximum(ref + r, 0), rtol=1e-4, atol=1e-4)
+    tr = put(r)
+    with graph.Recorder(DEV) as rec:
+        y = ops.neg(ops.conv2d(tx, tw, tb, stride, pad, 1, groups, blocks=blocks, residual=ops.neg(tr),
+                               activation="relu"))
+    g = rec.finish()
+    # the convolution's output (a temporary: y is the neg's) over the negated residual, which dies there
+    assert g.num_in_place == 1
+    for _ in range(2):
+        x2, r2 = RNG.standard_normal(x.shape), RNG.standard_normal(r.shape)
+        tx.copy_from_numpy((to_blocks(x2, block) if blocked else x2).astype(dtype))
+        tr.copy_from_numpy((to_blocks(r2, block) if blocked else r2).astype(dtype))
+        g.run()
+        want = -np.maximum(conv_ref(x2, w, b, stride, pad, groups) - r2, 0)
+        np.testing.assert_allclose(get(y), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("blocked", [False, True], ids=["nchw", "blocked"])
 def test_bound_launches_keep_reordered_constant_weights_until_they_are_declared_again(blocked, monkeypatch):
     # a replayed convolution on weights declared constant runs as one C call on their kept reordered copy; weights

@@ -69,6 +69,8 @@ class CpuDevice(Device):
     backend_name = "cpu"
     dtypes = dtypes.ALL + (dtypes.float64,)  # every kernel computes float64 where it computes float32
     host_memory = True  # buffers are blocks of this process's memory: MPI reads and writes them in place
+    # oneDNN's sum post-op adds what the output holds: a residual already there is not copied (see table._conv_forward)
+    shares_output_with = {"conv2d_fused": "residual"}
 
     def __init__(self, id: int = 0):
         super().__init__(id)

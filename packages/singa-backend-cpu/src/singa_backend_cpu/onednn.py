@@ -390,7 +390,7 @@ class _Plan:
             lib.dnnl_memory_set_data_handle(self.weight_temp, ffi.cast("void *", addr))
             if not made:
                 skip = self.weight_step
-        if self.residual_bytes:
+        if self.residual_bytes and addresses[0] != addresses[-1]:  # the same: a graph planned the output over it
             _copy_bytes(addresses[0], addresses[-1], self.residual_bytes)
         stream = thread.stream
         for i, (prim, args, n) in enumerate(self.steps):
@@ -749,7 +749,9 @@ class _Launch:
             handles.append((plan.weight_temp, entry[3], False))
             steps = [s for i, s in enumerate(steps) if i != plan.weight_step]
             kept = (weakref.ref(buffer), token, entry[2])
-        residual = (addresses[0], addresses[-1], plan.residual_bytes) if plan.residual_bytes else (0, 0, 0)
+        shared = addresses[0] == addresses[-1]  # a graph planned the output over the residual: nothing to copy
+        residual = (addresses[0], addresses[-1], plan.residual_bytes) if plan.residual_bytes and not shared \
+            else (0, 0, 0)
         return cls(plan, handles, steps, residual, kept)
 
     def still_constant(self) -> bool:

@@ -288,7 +288,7 @@ def _conv2d(out, x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1,
 
 def _conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
                   activation="none", blocks=(0, 0)) -> None:
-    kernel_checks.conv_fused_args("cpu", out, residual, activation)
+    kernel_checks.conv_fused_args("cpu", out, residual, activation, may_share=True)
     _conv_forward("conv2d_fused", out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks)
 
 
@@ -304,9 +304,42 @@ def _bind_conv2d_fused(out, x, w, b=None, residual=None, stride=(1, 1), padding=
                                                                    groups, activation, blocks))
 
 
+def _shares_output(out, residual) -> bool:
+    """True where the residual is the output's very view (Device.shares_output_with: a replayed graph plans it so)."""
+    return residual is not None and residual.buffer is out.buffer and residual.offset == out.offset
+
+
+def _new_like(v):
+    """A new contiguous view of v's shape and dtype, on v's device."""
+    return View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
+
+
+def _stash(v):
+    """A new contiguous view holding a copy of v's elements."""
+    t = _new_like(v)
+    _copy(t, v)
+    return t
+
+
 def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks, slow):
     """Graph replay's launch of a forward convolution, worked out once: the oneDNN plan it runs on
     (onednn.bound_conv), or our own kernel with its arguments made; None where the call must go the whole way."""
+    if _shares_output(out, residual) and blocks == (0, 0):
+        g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups,
+                           (out, x, w, b, residual))
+        if onednn.chosen(name, g, b is not None, (True, activation == "relu")) != onednn.BLOCKED:
+            # our kernel and oneDNN's NCHW plans add the residual after writing the output: a copy of it first
+            kept = _stash(residual)
+            inner = _bind_conv_forward(name, out, x, w, b, kept, activation, stride, padding, dilation, groups,
+                                       blocks, slow)
+            if inner is None:
+                return None
+
+            def launch() -> None:
+                _copy(kept, residual)
+                inner()
+
+            return launch
     views = (out, x, w, b, residual)
     if x.dtype not in FLOATS or any(v is not None and (v.dtype != x.dtype or v.strides != _layout(v.shape)[0])
                                     for v in views):
@@ -369,6 +402,8 @@ def _conv_forward(name, out, x, w, b, residual, activation, stride, padding, dil
     if blocks != (0, 0):
         _conv_blocked(name, out, x, w, b, residual, activation, g, views, tuple(blocks))
         return
+    if _shares_output(out, residual):  # oneDNN's sum post-op could take it there, but ours and the NCHW plans cannot
+        residual = _stash(residual)
     tail = _post_ops(out, residual, relu)
 
     def ours() -> None:
@@ -411,7 +446,7 @@ def _conv_blocked(name, out, x, w, b, residual, activation, g, views, blocks) ->
 
 def _unblocked(v, block: int, fill: bool = True):
     """A new NCHW view of v's shape; with `fill`, holding v's elements, which are in channel blocks of `block`."""
-    t = View(v.buffer.device.alloc(_layout(v.shape)[1] * ITEMSIZE[v.dtype]), v.dtype, v.shape)
+    t = _new_like(v)
     if fill:
         _copy(channel_split(t, block, False), channel_split(v, block, True))
     return t

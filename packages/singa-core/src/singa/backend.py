@@ -259,6 +259,11 @@ class Device:
     # blocks (N, C/B, H, W, B), the layout its library runs fastest (see channel_split); the ONNX inference plan then
     # keeps the activations between convolutions in it. 0: NCHW only, and `blocks` is never passed.
     channel_block: int = 0
+    # {kernel: input}: kernels that also run with their output in the very bytes of that input (the same view); a
+    # replayed graph then plans the output over the input where the input dies at that call. conv2d_fused's
+    # residual is the one use: oneDNN's sum post-op adds what the output holds, so nothing is copied there first.
+    # Empty: an output never overlaps an input of a non-element-wise kernel.
+    shares_output_with: ClassVar[dict[str, str]] = {}
 
     def __init__(self, id: int = 0):
         self.id = id

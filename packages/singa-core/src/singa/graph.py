@@ -633,30 +633,44 @@ def _live_peak(calls: list[_Call], order: list[int], temp_bytes: dict[int, int])
 
 
 def _in_place(calls: list[_Call], order: list[int], temp_bytes: dict[int, int], first: dict[int, int],
-              last: dict[int, int]) -> dict[int, int]:
-    """Temporaries an element-wise kernel may write over one of its inputs: {output key: key of the temporary whose
-    bytes it takes} (chains resolved to their first member).
+              last: dict[int, int], shares: dict[str, str]) -> dict[int, int]:
+    """Temporaries a kernel may write over one of its inputs: {output key: key of the temporary whose bytes it
+    takes} (chains resolved to their first member).
 
     An element-wise kernel reads element i of each input and writes element i of its output, so its output can share
     memory with an input whose last use is this very call, provided the two views select the same bytes (same dtype,
     shape, strides and offset) and the input is not also read through another view. Lifetimes are closed ranges, so
     the planner alone would never overlap them: this is the one place where a temporary dies and another is born in
-    the same bytes within one call (ReLU after batch norm, the residual Add, gradient arithmetic).
+    the same bytes within one call (ReLU after batch norm, the residual Add, gradient arithmetic). Other kernels
+    share only where the device says so (`shares`: Device.shares_output_with), with the one input named there.
     """
     root: dict[int, int] = {}
     for pos, ci in enumerate(order):
         c = calls[ci]
-        if c.kind != "kernel" or c.name in primitives.SPECIAL_BY_NAME or not c.specs or c.specs[0] is None:
+        if c.kind != "kernel" or not c.specs or c.specs[0] is None:
             continue
+        spec = primitives.SPECIAL_BY_NAME.get(c.name)
         out = c.specs[0]
         if out[0] != "v" or out[1] not in temp_bytes or first[out[1]] != pos:
             continue
-        views: dict[int, set] = {}
+        if spec is None:
+            candidates = c.specs[1:]
+        elif c.name in shares and len(spec.outputs) == 1:
+            names = [n.rstrip("?") for n in spec.outputs + spec.inputs]
+            i = names.index(shares[c.name])
+            candidates = c.specs[i:i + 1]
+        else:
+            continue
+        views: dict[int, list] = {}
         for s in c.specs[1:]:
             if s is not None and s[0] == "v":
-                views.setdefault(s[1], set()).add(s[2:])
-        for key, seen in views.items():
-            if key in temp_bytes and last[key] == pos and seen == {out[2:]}:
+                views.setdefault(s[1], []).append(s[2:])
+        for s in candidates:
+            if s is None or s[0] != "v":
+                continue
+            key, seen = s[1], views[s[1]]
+            # an element-wise kernel may read the input through several arguments (x * x), a convolution may not
+            if key in temp_bytes and last[key] == pos and set(seen) == {out[2:]} and (spec is None or len(seen) == 1):
                 root[out[1]] = root.get(key, key)
                 break
     return root
@@ -762,7 +776,7 @@ class Graph:
             greedy = _schedule(calls, temp_bytes)
             self.order = min((greedy, program), key=lambda o: _live_peak(calls, o, temp_bytes))
         first, last = _lifetimes(calls, self.order, temp_bytes)
-        root = _in_place(calls, self.order, temp_bytes, first, last)
+        root = _in_place(calls, self.order, temp_bytes, first, last, getattr(device, "shares_output_with", {}))
         groups: dict[int, list[int]] = {}
         for k in sorted(temp_bytes):
             groups.setdefault(root.get(k, k), []).append(k)

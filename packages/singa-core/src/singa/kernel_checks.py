@@ -137,9 +137,10 @@ class PoolGeometry:
 FUSED_ACTIVATIONS = ("none", "relu")
 
 
-def conv_fused_args(backend: str, out, residual, activation: str) -> None:
+def conv_fused_args(backend: str, out, residual, activation: str, may_share: bool = False) -> None:
     """conv2d_fused's own arguments: a known activation, and a residual of the output's shape and dtype whose
-    elements do not overlap the output's (both contiguous; the geometry is ConvGeometry's)."""
+    elements do not overlap the output's (both contiguous; the geometry is ConvGeometry's), unless `may_share` (the
+    backend lists conv2d_fused in Device.shares_output_with) and the residual is the output's very bytes."""
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"{backend} kernel conv2d_fused: activation {activation!r}, expected one of "
                          f"{FUSED_ACTIVATIONS}")
@@ -149,6 +150,8 @@ def conv_fused_args(backend: str, out, residual, activation: str) -> None:
     if tuple(residual.shape) != tuple(out.shape) or residual.dtype != out.dtype:
         raise shape_error(backend, "conv2d_fused", views, "the residual must have the output's shape and dtype")
     if residual.buffer is out.buffer:  # views of one block (a graph's arena): their elements must not overlap
+        if may_share and residual.offset == out.offset:
+            return
         n = math.prod(out.shape)
         if residual.offset < out.offset + n and out.offset < residual.offset + n:
             raise shape_error(backend, "conv2d_fused", views, "the residual may not overlap the output")

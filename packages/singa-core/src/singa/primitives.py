@@ -70,8 +70,9 @@ SPECIAL = [
       "stride and dilation are (sh, sw); padding is (top, left, bottom, right) zeros.", "nn"),
     P("conv2d_fused", ("out",), ("x", "w", "b?", "residual?"),
       ("stride", "padding", "dilation", "groups", "activation"),
-      "out = act(conv2d(x, w, b) + residual): residual (N, K, OH, OW) or None, never overlapping out; activation "
-      "'relu' or 'none'. Optional (see COMPOSED): without it, the core runs conv2d, add and relu of the same "
+      "out = act(conv2d(x, w, b) + residual): residual (N, K, OH, OW) or None, not overlapping out (unless it is "
+      "out's very view and the device lists conv2d_fused in Device.shares_output_with); activation 'relu' or "
+      "'none'. Optional (see COMPOSED): without it, the core runs conv2d, add and relu of the same "
       "backend. Where `Device.channel_block` is B > 0, it also takes `blocks=(bx, bout)`, each 0 or B: x, and "
       "out with the residual, laid out in channel blocks (N, C/B, H, W, B) (see backend.channel_split); the "
       "keyword is never passed elsewhere.", "nn"),

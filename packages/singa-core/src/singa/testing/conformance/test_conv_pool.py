@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from singa import dtypes
+from singa.backend import View
 from singa.testing import helpers as H
 from singa.testing.conformance.references import (
     conv_backward_data_ref,
@@ -128,8 +129,33 @@ def test_conv2d_fused_refuses_what_it_cannot_do(device):
     with pytest.raises(ValueError, match="residual"):  # another shape
         device.table["conv2d_fused"](out, xv, wv, None, H.upload(device, np.zeros((1,) + shape[1:], np.float32)),
                                      activation="relu", **params)
+    n = int(np.prod(shape))
+    wide = H.empty(device, (2 * n,), F32)
+    shifted = (View(wide.buffer, F32, shape, offset=0), View(wide.buffer, F32, shape, offset=n // 2))
+    with pytest.raises(ValueError, match="overlap"):  # part of the output
+        device.table["conv2d_fused"](shifted[1], xv, wv, None, shifted[0], activation="relu", **params)
+    if "conv2d_fused" in type(device).shares_output_with:
+        return  # the output itself is allowed: test_conv2d_fused_over_its_residual
     with pytest.raises(ValueError, match="overlap"):  # the output itself
         device.table["conv2d_fused"](out, xv, wv, None, out, activation="relu", **params)
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:3], ids=_conv_id)
+def test_conv2d_fused_over_its_residual(device, case):
+    # Device.shares_output_with: the residual given as the output's very view is added where it lies
+    if "conv2d_fused" not in type(device).shares_output_with:
+        pytest.skip("the device keeps conv2d_fused's output apart from its inputs (refusal tested above)")
+    assert type(device).shares_output_with["conv2d_fused"] == "residual"
+    gen = H.rng("conv_fused_shared", case)
+    x, w, b, oh, ow, params = _conv_setup(case, F32, gen)
+    shape = (x.shape[0], w.shape[0], oh, ow)
+    r = H.draw(gen, shape, F32, -3, 3)
+    want = np.maximum(conv_ref(x, w, b, oh, ow, **params) + r.astype(np.float64), 0)
+    scale = conv_ref(np.abs(x), np.abs(w), None if b is None else np.abs(b), oh, ow, **params) + np.abs(r)
+    out = H.upload(device, r, offset=2)
+    device.table["conv2d_fused"](out, H.upload(device, x), H.upload(device, w),
+                                 None if b is None else H.upload(device, b), out, activation="relu", **params)
+    H.assert_close(H.download(device, out), want, F32, scale=scale, what=f"conv2d_fused over its residual {case}")
 
 
 @pytest.mark.parametrize("dtype", H.FLOAT_DTYPES, ids=dtypes.name)
