@@ -881,6 +881,10 @@ POOL_PATH_CASES = [
     # other windows with stride 2, every one inside: pool_stride2_f32 in place (the first case's 111x111 as well)
     (2, 3, 9, 41, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # 20 outputs a row: a masked tail of 4
     (1, 2, 7, 40, (3, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # an oblong window
+    # stride 2 with windows reaching into the padding: their rows left out in place, the edge columns one by one
+    (1, 3, 55, 55, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # odd: the last row and column reach the padding too
+    (1, 2, 10, 40, (2, 2), (2, 2), (1, 1, 1, 1), (1, 1)),  # 2x2 with padding: not the pair loads
+    (2, 2, 9, 36, (3, 3), (2, 2), (2, 1, 2, 0), (1, 1)),  # the first row's windows have one tap row inside
     (1, 3, 7, 7, (7, 7), (1, 1), (0, 0, 0, 0), (1, 1)),  # one window a plane
     (1, 2, 300, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # tall and narrow
 ]

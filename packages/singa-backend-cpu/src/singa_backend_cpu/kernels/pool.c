@@ -318,24 +318,48 @@ static inline void pool_pairs_f32(const float *restrict r0, const float *restric
     }
 }
 
-/* kh x kw windows whose corner is at input (2 oh, 2 ow), every tap inside: r0 is row 2 oh; n outputs, 16 at a time,
- * tap (i, j) of 16 outputs every other element of row i from column 2o + j (two masked loads and a permute), so no
- * load reaches past the last tap. */
-static inline void pool_stride2_f32(const float *r0, int64_t W, int64_t kh, int64_t kw, int64_t n,
+/* kh x kw windows whose corners are at input row r and columns 2 ow (flat index `at` for the first output), tap rows
+ * [i0, i1) inside the input (the others in the padding above or below), every tap column inside: ri is tap row i0;
+ * n outputs, 16 at a time, tap (i, j) of 16 outputs every other element of row i from column 2o + j (two masked
+ * loads and a permute), so no load reaches past the last tap. */
+static inline void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int64_t i1, int64_t kw, int64_t n,
                                     float *restrict y, int64_t *restrict ix, int64_t at) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    for (int64_t o = 0; o < n; o += 16) {
+    int64_t o = 0;
+    /* 32 outputs at a time while whole: two independent chains of compares hide each other's latency */
+    for (; o + 32 <= n; o += 32) {
+        __m512 best0 = _mm512_setzero_ps(), best1 = _mm512_setzero_ps();
+        __m512i t0 = _mm512_set1_epi32((int)(i0 * W)), t1 = t0;
+        for (int64_t i = i0; i < i1; i++) {
+            for (int64_t j = 0; j < kw; j++) {
+                const float *s = ri + (i - i0) * W + 2 * o + j;
+                const __m512 v0 = _mm512_permutex2var_ps(_mm512_loadu_ps(s), even, _mm512_loadu_ps(s + 16));
+                const __m512 v1 = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 32), even,
+                                                         _mm512_maskz_loadu_ps((__mmask16)0x7FFF, s + 48));
+                if (i == i0 && j == 0) {
+                    best0 = v0;
+                    best1 = v1;
+                } else {
+                    pool_take16(&best0, &t0, v0, i * W + j);
+                    pool_take16(&best1, &t1, v1, i * W + j);
+                }
+            }
+        }
+        pool_store16(y, ix, o, 16, best0, t0, at);
+        pool_store16(y, ix, o + 16, 16, best1, t1, at);
+    }
+    for (; o < n; o += 16) {
         const int64_t m = sg_min64(16, n - o), need = 2 * m - 1; /* elements of a tap's run: s[0 .. need) */
         const __mmask16 lo = need >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << need) - 1);
         const __mmask16 hi = need > 16 ? (__mmask16)((1u << (need - 16)) - 1) : 0;
         __m512 best = _mm512_setzero_ps();
-        __m512i t = _mm512_setzero_si512();
-        for (int64_t i = 0; i < kh; i++) {
+        __m512i t = _mm512_set1_epi32((int)(i0 * W)); /* the first tap's offset, until another wins */
+        for (int64_t i = i0; i < i1; i++) {
             for (int64_t j = 0; j < kw; j++) {
-                const float *s = r0 + i * W + 2 * o + j;
+                const float *s = ri + (i - i0) * W + 2 * o + j;
                 const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo, s), even,
                                                         _mm512_maskz_loadu_ps(hi, s + 16));
-                if (i == 0 && j == 0)
+                if (i == i0 && j == 0)
                     best = v;
                 else
                     pool_take16(&best, &t, v, i * W + j);

@@ -2,9 +2,9 @@
  *
  * The row kernels (max_taps, sum_taps, max_tile, sum_tile) take the taps (i, j) of the windows one at a time, in the
  * window's scan order, each in one loop over many outputs at once, without bounds checks, which the compiler
- * vectorises. Max pooling with stride 2 whose windows all lie inside the input (2x2 / 2 of training CNNs, 3x3 / 2 of
- * AlexNet and SqueezeNet) reads its rows in place with AVX-512 in float32 (max_stride2: pool.c's pool_pairs_f32 and
- * pool_stride2_f32). Otherwise the forward pass feeds the row kernels one of four ways, chosen per call (pool.c:
+ * vectorises. Max pooling with stride 2 (2x2 / 2 of training CNNs, 3x3 / 2 of AlexNet and SqueezeNet, 3x3 / 2 with
+ * padding 1 of ResNet's stem) reads its rows in place with AVX-512 in float32 (max_stride2: pool.c's pool_pairs_f32
+ * and pool_stride2_f32). Otherwise the forward pass feeds the row kernels one of four ways, chosen per call (pool.c:
  * plan_open):
  *  - small planes: a vector's width of them side by side, one a lane, padding filled in (lanes_unit);
  *  - most other shapes: phase copies, the input split by row and column position mod the strides, padding filled in,
@@ -526,28 +526,50 @@ static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_re
 }
 
 #if defined(__AVX512F__)
-/* Max pooling with stride 2 and dilation 1 whose every window lies inside the input (no padding reached): 2x2 / 2 of
- * most training CNNs, 3x3 / 2 of AlexNet and SqueezeNet. float32: each output row reads its kh input rows in place
- * (pool_stride2_f32), no plan and no copies. Elsewhere (float64, CPUs without AVX-512) the general paths below. */
-static int SG_R(stride2_inside)(const pgeom *q) {
-    return sizeof(sg_real) == sizeof(float) && q->sh == 2 && q->sw == 2 && q->dh == 1 && q->dw == 1 && q->pt == 0 &&
-           q->pl == 0 && q->kh * q->kw >= 2 && 2 * (q->OH - 1) + q->kh <= q->H && 2 * (q->OW - 1) + q->kw <= q->W &&
-           q->kh * q->W < ((int64_t)1 << 31);
+/* Max pooling with stride 2 and dilation 1 (2x2 / 2 of most training CNNs, 3x3 / 2 of AlexNet and SqueezeNet, and with
+ * padding 1 ResNet's and ShuffleNet's stems). float32: each output row reads its input rows in place, 16 outputs a
+ * vector (pool_pairs_f32, pool_stride2_f32), no plan and no copies; rows whose windows reach into the padding above or
+ * below leave those tap rows out, and the few outputs whose windows reach past the left or right edge scan them one
+ * by one (max_window). Every output visits its taps in the same order as on the other paths. Elsewhere (float64,
+ * CPUs without AVX-512, windows at most half inside) the general paths below. */
+static int SG_R(stride2_fits)(const pgeom *q) {
+    if (sizeof(sg_real) != sizeof(float) || q->sh != 2 || q->sw != 2 || q->dh != 1 || q->dw != 1 ||
+        q->kh * q->kw < 2 || q->kh * q->W >= ((int64_t)1 << 31) || q->pt >= q->kh || q->pl >= q->kw)
+        return 0;
+    /* output columns [A, B) have every tap column inside; most of each row must be */
+    const int64_t A = (q->pl + 1) / 2, B = sg_min64(q->OW, (q->W - q->kw + q->pl) / 2 + 1);
+    return B - A >= 16 && 2 * (B - A) >= q->OW;
 }
 
 static void SG_R(max_stride2)(const pgeom *q, const sg_real *x, sg_real *y, int64_t *idx) {
     const int64_t H = q->H, W = q->W, OH = q->OH, OW = q->OW, rows = q->N * q->C * OH;
+    const int64_t A = (q->pl + 1) / 2, B = sg_min64(OW, (W - q->kw + q->pl) / 2 + 1);
     const int T = sg_threads_for(rows * OW * q->kh * q->kw, 1 << 15);
 #pragma omp parallel for num_threads(T) if (T > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t at = 2 * (r % OH) * W;
-        const float *r0 = (const float *)(x + r / OH * H * W + at);
-        float *yr = (float *)(y + r * OW);
+        const int64_t oh = r % OH, top = 2 * oh - q->pt;                 /* the windows' first row */
+        const int64_t i0 = sg_max64(0, -top), i1 = sg_min64(q->kh, H - top); /* their tap rows inside */
+        const sg_real *xp = x + r / OH * H * W;
+        sg_real *yr = y + r * OW;
         int64_t *ir = idx ? idx + r * OW : NULL;
-        if (q->kh == 2 && q->kw == 2) /* both taps of a row from one pair of loads */
-            pool_pairs_f32(r0, r0 + W, OW, yr, ir, at, W);
+        const int64_t a = i1 > i0 ? A : OW, b = i1 > i0 ? B : OW; /* a row wholly in the padding (ceil mode) */
+        for (int64_t ow = 0; ow < OW; ow++) {
+            if (ow == a) ow = b;
+            if (ow >= OW) break;
+            const int64_t left = 2 * ow - q->pl;
+            sg_real best;
+            int64_t at;
+            SG_R(max_window)(q, xp, i0, i1, sg_max64(0, -left), sg_min64(q->kw, W - left), top, left, &best, &at);
+            yr[ow] = best;
+            if (ir) ir[ow] = at;
+        }
+        if (a == OW) continue;
+        const int64_t at = top * W + 2 * A - q->pl;
+        const float *ri = (const float *)(xp + (top + i0) * W + 2 * A - q->pl);
+        if (q->kh == 2 && q->kw == 2 && i0 == 0 && i1 == 2) /* both taps of a row from one pair of loads */
+            pool_pairs_f32(ri, ri + W, B - A, (float *)yr + A, ir ? ir + A : NULL, at, W);
         else
-            pool_stride2_f32(r0, W, q->kh, q->kw, OW, yr, ir, at);
+            pool_stride2_f32(ri, W, i0, i1, q->kw, B - A, (float *)yr + A, ir ? ir + A : NULL, at);
     }
 }
 #endif
@@ -555,7 +577,7 @@ static void SG_R(max_stride2)(const pgeom *q, const sg_real *x, sg_real *y, int6
 static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
                               const pplan *P) {
 #if defined(__AVX512F__)
-    if (mode == POOL_MAX && SG_R(stride2_inside)(q)) {
+    if (mode == POOL_MAX && SG_R(stride2_fits)(q)) {
         SG_R(max_stride2)(q, x, y, idx);
         return SG_OK;
     }
