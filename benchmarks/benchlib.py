@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 # extension loads) comes too late once torch is imported: without this, singa would run on libgomp's ~1 ms default
 # busy-wait, several-fold slower on a busy machine than in a script that never imports torch. Both frameworks share
 # the one runtime, so both run with this setting; an explicit GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
-SPIN_DEFAULT = "1000"  # singa_backend_cpu.device.DEFAULT_GOMP_SPINCOUNT
+SPIN_DEFAULT = "20000"  # singa_backend_cpu.device.DEFAULT_GOMP_SPINCOUNT
 SPIN_TOO_LATE = False  # True when torch was imported before benchlib could set it
 if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = SPIN_DEFAULT

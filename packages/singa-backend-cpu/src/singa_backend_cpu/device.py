@@ -16,10 +16,12 @@ from singa.backend import Device
 from singa_backend_cpu import isa
 
 # How long an idle OpenMP thread busy-waits for the next parallel region before sleeping. libgomp's default (300,000
-# spins, about a millisecond) assumes the cores are ours alone; on a shared machine the spinning threads take the time
-# the working ones need (a 1 ms convolution took 6 ms). A short spin keeps back-to-back regions cheap without that.
+# spins, about a millisecond or more) keeps a core busy long after the work ends, which a shared machine pays for; too
+# short a spin puts the workers to sleep between back-to-back kernels, and waking a sleeping CPU is slow in a virtual
+# machine (tens of microseconds each: a replayed ShuffleNet of 76 kernels took 6.5 ms at 1,000 spins and 4.0-4.6 ms
+# at 20,000 on a 2-vCPU Xeon, whose PAUSE takes about 14 ns: 20,000 spins are about 0.3 ms there).
 # libgomp reads it once, when the extension loads it; a user's own setting wins.
-DEFAULT_GOMP_SPINCOUNT = "1000"
+DEFAULT_GOMP_SPINCOUNT = "20000"
 
 
 def _load_kernels():
