@@ -18,7 +18,7 @@ from singa_backend_cpu import isa
 # How long an idle OpenMP thread busy-waits for the next parallel region before sleeping. libgomp's default (300,000
 # spins, about a millisecond or more) keeps a core busy long after the work ends, which a shared machine pays for; too
 # short a spin puts the workers to sleep between back-to-back kernels, and waking a sleeping CPU is slow in a virtual
-# machine (tens of microseconds each: a replayed ShuffleNet of 76 kernels took 6.5 ms at 1,000 spins and 4.0-4.6 ms
+# machine (tens of microseconds each: a replayed ShuffleNet of 76 kernels took 6.4-7.7 ms at 1,000 spins and 3.9-5.3 ms
 # at 20,000 on a 2-vCPU Xeon, whose PAUSE takes about 14 ns: 20,000 spins are about 0.3 ms there).
 # libgomp reads it once, when the extension loads it; a user's own setting wins.
 DEFAULT_GOMP_SPINCOUNT = "20000"
