@@ -11,6 +11,7 @@ import numpy as np
 import benchlib
 from benchlib import Table, torch
 from singa import ops
+from singa.kernel_checks import ConvGeometry
 
 # label, batch, (C, H, W), K, kernel, stride, padding
 CASES = [
@@ -50,7 +51,7 @@ def _case(dev, rng, case: tuple, repeat: int) -> list[list]:
     for row in benchlib.pass_rows(dev, label, (n, c, h, w), singa, tfn, repeat):
         _, shape, what, ms, tms, _ = row
         g, tg = _gflops(flops, ms), _gflops(flops, tms)
-        provider = _provider(_KINDS[what], (n, c, h, w, k, kk, kk), (s, s))
+        provider = _provider(_KINDS[what], (n, c, h, w), wt.shape, y.shape, s, p)
         rows.append([label, shape, what, ms, g, tms, tg, benchlib.ratio(ms, tms), provider])
     return rows
 
@@ -58,17 +59,15 @@ def _case(dev, rng, case: tuple, repeat: int) -> list[list]:
 _KINDS = {"forward": "conv2d", "backward data": "conv2d_backward_data", "backward weight": "conv2d_backward_weight"}
 
 
-def _provider(kind: str, sizes: tuple, stride: tuple) -> str:
+def _provider(kind: str, x_shape: tuple, w_shape: tuple, y_shape: tuple, stride: int, padding: int) -> str:
     """Which provider the CPU backend settled on for this pass (oneDNN's blocked or NCHW kernels or its own), so
     that a slow row can be told from a choice made during a burst of load; n/a on other backends."""
     try:
         from singa_backend_cpu import onednn
     except ImportError:
         return "n/a"
-    # the geometry key: n, c, h, w, k, kh, kw, oh, ow, sh, sw, ... (ConvGeometry.as_list)
-    got = {p for (k, geom, *_), p in onednn.choices().items()
-           if k == kind and geom[:7] == sizes and geom[9:11] == stride and geom[-1] == 1}
-    return ", ".join(sorted(got)) or "n/a"
+    g = ConvGeometry("cpu", kind, x_shape, w_shape, y_shape, stride, padding, 1, 1, ())
+    return onednn.chosen(kind, g) or "n/a"
 
 
 def _providers() -> str:
@@ -101,8 +100,8 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         "2·N·K·OH·OW·C·kh·kw floating-point operations per pass. Best of several timed calls after two warm-ups; "
         "torch runs `torch.nn.functional.conv2d` and `torch.ops.aten.convolution_backward` with one gradient asked "
-        "for at a time (its oneDNN path, NCHW in and out, like singa's). The last column is a ratio of times: below 1, "
-        "singa is faster. The provider is the kernel the CPU backend chose for the pass when it first met the shape "
+        "for at a time (its oneDNN path, NCHW in and out, like singa's). singa/torch time is a ratio of times: below "
+        "1, singa is faster. The provider is the kernel the CPU backend chose for the pass when it first met the shape "
         "(SINGA_ONEDNN=auto): onednn (oneDNN, channel-blocked layout), onednn-nchw (oneDNN on NCHW), own.")
     table.notes.append(f"Providers: {_providers()}.")
     table.notes.append(benchlib.openmp_note())
