@@ -752,6 +752,28 @@ def _pad(out, x, pads, mode="constant", value=0.0) -> None:
     _check(status, "pad", views, f"mode {mode!r} needs a non-empty input" if status == 4 else "")
 
 
+# -- optimizer updates --------------------------------------------------------------------------------------------
+
+_SGD_DTYPES = (F32, F64)
+
+
+def _sgd_momentum(w, buf, g, lr=0.0, momentum=0.0) -> None:
+    n = kernel_checks.sgd_args("cpu", w, buf, g, _SGD_DTYPES)
+    if n:
+        lib.sg_sgd_momentum(w.dtype, w.buffer.handle, w.offset, buf.buffer.handle, buf.offset, g.buffer.handle,
+                            g.offset, n, float(lr), float(momentum))
+
+
+def _bind_sgd_momentum(w, buf, g, lr=0.0, momentum=0.0) -> Callable[[], None]:
+    """The update as a zero-argument launch for a graph replay (the views were checked when it was recorded)."""
+    n = kernel_checks.sgd_args("cpu", w, buf, g, _SGD_DTYPES)
+    return functools.partial(lib.sg_sgd_momentum, w.dtype, w.buffer.handle, w.offset, buf.buffer.handle, buf.offset,
+                             g.buffer.handle, g.offset, n, float(lr), float(momentum))
+
+
+_sgd_momentum.bind = _bind_sgd_momentum
+
+
 # -- random numbers -----------------------------------------------------------------------------------------------
 
 _U64 = (1 << 64) - 1

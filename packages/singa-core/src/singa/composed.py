@@ -2,7 +2,7 @@
 
 A backend may leave these out: `Device.table` then runs the steps below with the backend's own kernels, on the
 device, instead of the host fallback. A backend provides the primitive itself where a library does the steps in one
-pass (the CPU backend's conv2d_fused: oneDNN's convolution with sum and ReLU post-ops).
+pass (the CPU backend's conv2d_fused: oneDNN's convolution with sum and ReLU post-ops; its sgd_momentum: one loop).
 
 Each builder takes the device's table before the composed entries are added (plain functions, so that a graph
 recorder's hooks on the table see one call of the composed primitive, not its steps) and returns the kernel.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from singa import kernel_checks
+from singa import dtypes, kernel_checks
 
 
 def conv2d_fused(table: dict[str, Callable]) -> Callable:
@@ -32,4 +32,17 @@ def conv2d_fused(table: dict[str, Callable]) -> Callable:
     return kernel
 
 
-BUILDERS: dict[str, Callable[[dict], Callable]] = {"conv2d_fused": conv2d_fused}
+def sgd_momentum(table: dict[str, Callable]) -> Callable:
+    """buf = momentum * buf + g, then w = w - lr * buf: two passes of the backend's axpby."""
+    axpby = table["axpby"]
+
+    def kernel(w, buf, g, lr=0.0, momentum=0.0) -> None:
+        kernel_checks.sgd_args("core", w, buf, g, dtypes.FLOATS + (dtypes.float64,))
+        axpby(buf, buf, g, alpha=float(momentum), beta=1.0)
+        axpby(w, w, buf, alpha=1.0, beta=-float(lr))
+
+    kernel.__name__ = "composed_sgd_momentum"
+    return kernel
+
+
+BUILDERS: dict[str, Callable[[dict], Callable]] = {"conv2d_fused": conv2d_fused, "sgd_momentum": sgd_momentum}

@@ -434,6 +434,14 @@ def pad(out, x, pads, mode, value=0.0):
     return {"out": np.pad(x, width, mode={"reflect": "reflect", "edge": "edge"}[mode])}
 
 
+# -- optimizer updates -----------------------------------------------------------------------------------------------
+
+def sgd_momentum(w, buf, g, lr, momentum):
+    ct = np.float32 if w.dtype == np.float16 else w.dtype
+    b = (momentum * buf.astype(ct) + g.astype(ct)).astype(buf.dtype)
+    return {"buf": b, "w": w.astype(ct) - lr * b.astype(ct)}
+
+
 # -- random numbers: Philox4x32-10 (see primitives.PHILOX_DOC) ----------------------------------------------------
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)

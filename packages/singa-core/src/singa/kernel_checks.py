@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from singa import dtypes
+from singa.backend import is_contiguous
 from singa.kernel_args import describe, dtype_error, norm_axis, padding4, pair, shape_error, split
 
 # -- matrix product -----------------------------------------------------------------------------------------------
@@ -155,6 +156,24 @@ def conv_fused_args(backend: str, out, residual, activation: str, may_share: boo
         n = math.prod(out.shape)
         if residual.offset < out.offset + n and out.offset < residual.offset + n:
             raise shape_error(backend, "conv2d_fused", views, "the residual may not overlap the output")
+
+
+def sgd_args(backend: str, w, buf, g, floats: tuple) -> int:
+    """sgd_momentum's views: one dtype of `floats` (the backend's) and one shape, contiguous, no two overlapping (the
+    update writes w and buf). Returns the element count."""
+    views = (w, buf, g)
+    if w.dtype not in floats or buf.dtype != w.dtype or g.dtype != w.dtype:
+        raise dtype_error(backend, "sgd_momentum", views, floats)
+    shape = tuple(w.shape)
+    if tuple(buf.shape) != shape or tuple(g.shape) != shape:
+        raise shape_error(backend, "sgd_momentum", views, "w, buf and g must have one shape")
+    n = math.prod(shape)
+    if not all(is_contiguous(v) for v in views):
+        raise shape_error(backend, "sgd_momentum", views, "w, buf and g must be contiguous")
+    for a, b in ((w, buf), (w, g), (buf, g)):
+        if n and a.buffer is b.buffer and a.offset < b.offset + n and b.offset < a.offset + n:
+            raise shape_error(backend, "sgd_momentum", views, "w, buf and g may not overlap")
+    return n
 
 
 def pool_indices(backend: str, views: tuple, indices, out) -> None:

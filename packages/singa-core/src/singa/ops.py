@@ -634,6 +634,16 @@ def axpby(alpha: float, a: Tensor, beta: float, b: Tensor, out: Tensor | None = 
     return binary("axpby", a, b, out, alpha, beta)
 
 
+def sgd_momentum(w: Tensor, buf: Tensor, g: Tensor, lr: float, momentum: float) -> None:
+    """SGD's momentum rule in place, one pass where the backend fuses it: buf = momentum * buf + g, then
+    w = w - lr * buf. w, buf and g: one float dtype and shape on one device, contiguous, w and buf distinct."""
+    for name, t in (("w", w), ("buf", buf), ("g", g)):
+        _tensor("sgd_momentum", t, name)
+    _same_device("sgd_momentum", w, buf)
+    _same_device("sgd_momentum", w, g)
+    (_TABLES.get(w.device) or _table(w.device))["sgd_momentum"](w, buf, g, lr=float(lr), momentum=float(momentum))
+
+
 def leakyrelu(x: Tensor, alpha: float = 0.01, out: Tensor | None = None) -> Tensor:
     return unary("leakyrelu", x, alpha, out=out)
 

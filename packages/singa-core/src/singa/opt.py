@@ -134,6 +134,13 @@ def _one_minus(a: Any) -> Any:
 _PLAIN_DTYPES = (_dt.float32, _dt.float64)  # SGD's plain rule updates these in place (float16 goes through a master)
 
 
+def _one_pass(w: Tensor, buf: Tensor, g: Tensor) -> bool:
+    """Can ops.sgd_momentum update w and buf from g: one shape and float32/float64 dtype, contiguous, three buffers."""
+    return (g.shape == w.shape and g.dtype == w.dtype and buf.dtype == w.dtype and w.dtype in _PLAIN_DTYPES
+            and ops.is_contiguous(w) and ops.is_contiguous(g) and ops.is_contiguous(buf)
+            and g.buffer is not w.buffer and g.buffer is not buf.buffer and buf.buffer is not w.buffer)
+
+
 def _combine(a: Any, x: Tensor, b: Any, y: Tensor, out: Tensor | None = None) -> Tensor:
     """a * x + b * y (a, b numbers or 0-d tensors): one kernel when both are numbers."""
     if isinstance(a, float) and isinstance(b, float):
@@ -632,9 +639,8 @@ class SGD(Optimizer):
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         p = param_value
         buf = self._plain_momentum(p, param_grad)
-        if buf is not None:  # the common rule, after the first step: the two passes below, none of the checks
-            _combine(self.momentum.init_value, buf, 1.0, param_grad, out=buf)
-            self._descend(p, buf, self.lr.init_value)
+        if buf is not None:  # the common rule, after the first step: one pass (sgd_momentum), none of the checks
+            ops.sgd_momentum(p, buf, param_grad, self.lr.init_value, self.momentum.init_value)
             return
         w, g, st, saved = self._begin(param_name, param_value, param_grad)
         lr = self._hyper("lr", w)
@@ -643,6 +649,11 @@ class SGD(Optimizer):
             buf = st["moments"]
             mom = self._hyper("momentum", w)
             if type(self.dampening) is Constant and self.dampening.init_value == 0:
+                if (not self.nesterov and isinstance(lr, float) and isinstance(mom, float)
+                        and _one_pass(w, buf, g)):
+                    ops.sgd_momentum(w, buf, g, lr, mom)
+                    self._end(p, w, saved)
+                    return
                 _combine(mom, buf, 1.0, g, out=buf)
             else:  # the factor changes after the first step: a device scalar, not a parameter
                 ops.add(_times(buf, mom), ops.mul(g, self._cached("damp", w, self._damp)), out=buf)
@@ -652,8 +663,8 @@ class SGD(Optimizer):
 
     def _plain_momentum(self, p: Tensor, g: Tensor) -> Tensor | None:
         """The momentum buffer of `p` when this update is the plain rule (constant lr and momentum > 0, no dampening,
-        weight decay, Nesterov, loss scaling or float16 master) on a float32/float64 parameter with a gradient of its
-        shape, dtype and device that has been updated before on this device; else None (the general path)."""
+        weight decay, Nesterov, loss scaling or float16 master) on a parameter updated before on this device, whose
+        gradient and buffer ops.sgd_momentum takes (_one_pass); else None (the general path)."""
         if (type(self.lr) is not Constant or type(self.momentum) is not Constant or self.nesterov
                 or type(self.dampening) is not Constant or self.dampening.init_value != 0
                 or self.weight_decay.init_value != 0 or self.momentum.init_value == 0 or self._ok is not None
@@ -663,8 +674,7 @@ class SGD(Optimizer):
         if st is None or st.param is not p or "master" in st.tensors or self._device is not p.device:
             return None
         buf = st.tensors.get("moments")
-        if (buf is None or g.shape != p.shape or g.dtype != p.dtype or g.device is not p.device
-                or buf.dtype != p.dtype or p.dtype not in _PLAIN_DTYPES):
+        if buf is None or g.device is not p.device or not _one_pass(p, buf, g):
             return None
         graph.set_phase("update")
         return buf

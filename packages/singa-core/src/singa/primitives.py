@@ -126,6 +126,12 @@ SPECIAL = [
     P("pad", ("out",), ("x",), ("pads", "mode", "value"),
       "ONNX Pad: pads is (begin_0, ..., begin_n, end_0, ..., end_n), non-negative; mode 'constant', 'reflect' or "
       "'edge'.", "indexing"),
+    # -- optimizer updates -----------------------------------------------------------------------------------------
+    P("sgd_momentum", ("w", "buf"), ("g",), ("lr", "momentum"),
+      "SGD's momentum rule in place, in one pass: buf = momentum * buf + g, then w = w - lr * buf. w, buf and g "
+      "share one float dtype and shape and are contiguous; w and buf are distinct buffers, g may be neither. "
+      "Optional (see COMPOSED): without it, the core runs two axpby of the same backend.", "optimizer",
+      inplace=("w", "buf")),
     # -- random numbers ---------------------------------------------------------------------------------------------
     P("random_uniform", ("out",), (), ("low", "high", "seed", "offset"),
       "Uniform floats in [low, high). Element i uses draw u_i = philox_float(seed, offset + i), see `philox`.",
@@ -139,8 +145,9 @@ SPECIAL = [
 SPECIAL_BY_NAME = {p.name: p for p in SPECIAL}
 
 # Primitives a backend may leave out without falling back to the host: `Device.table` builds them from the backend's
-# own kernels (singa.composed). A backend provides one where its library fuses the steps (oneDNN's post-ops).
-COMPOSED = frozenset({"conv2d_fused"})
+# own kernels (singa.composed). A backend provides one where it does the steps in one pass (oneDNN's post-ops, the CPU
+# backend's SGD update).
+COMPOSED = frozenset({"conv2d_fused", "sgd_momentum"})
 
 PHILOX_DOC = """Counter-based random numbers, identical on every backend.
 

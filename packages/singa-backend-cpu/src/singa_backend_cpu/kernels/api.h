@@ -107,3 +107,7 @@ int sg_random_uniform(int dtype, char *out, int64_t oo, int64_t n, double low, d
 int sg_random_normal(int dtype, char *out, int64_t oo, int64_t n, double mean, double std, uint64_t seed,
                      uint64_t offset);
 int sg_random_bernoulli(int dtype, char *out, int64_t oo, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+/* optim.c: in place, one pass: buf = momentum * buf + g; w = w - lr * buf (float32 or float64, contiguous) */
+int sg_sgd_momentum(int dtype, char *w, int64_t wo, char *buf, int64_t bo, const char *g, int64_t go, int64_t n,
+                    double lr, double momentum);
