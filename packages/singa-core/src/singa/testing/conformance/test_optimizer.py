@@ -18,7 +18,7 @@ SHAPES = [(), (1,), (7,), (33, 65), (3, 4, 5), (70000,), (0, 4)]  # 70,000: past
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype", (dtypes.float32, dtypes.float64), ids=dtypes.name)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=dtypes.name)
 def test_sgd_momentum(device, dtype, shape):
     H.require(device, dtype)
     gen = H.rng("sgd_momentum", dtype, shape)
@@ -27,18 +27,14 @@ def test_sgd_momentum(device, dtype, shape):
     want_buf = momentum * buf.astype(np.float64) + g.astype(np.float64)
     want_w = w.astype(np.float64) - lr * want_buf
     vw, vbuf, vg = H.upload(device, w, offset=3), H.upload(device, buf, offset=1), H.upload(device, g, offset=2)
-    for _ in range(2):  # twice: the second step starts from the first one's buffer
+    for step in ("first", "second"):  # the second starts from the first one's results
         device.table["sgd_momentum"](vw, vbuf, vg, lr=lr, momentum=momentum)
-        if _ == 0:
-            got_buf, got_w = H.download(device, vbuf), H.download(device, vw)
-            H.assert_close(got_buf, want_buf, dtype, what=f"sgd_momentum buf {shape}")
-            H.assert_close(got_w, want_w, dtype, scale=np.abs(w) + lr * np.abs(want_buf),
-                           what=f"sgd_momentum w {shape}")
-            want_buf = momentum * got_buf.astype(np.float64) + g.astype(np.float64)
-            want_w = got_w.astype(np.float64) - lr * want_buf
-    H.assert_close(H.download(device, vbuf), want_buf, dtype, what=f"sgd_momentum buf, second step {shape}")
-    H.assert_close(H.download(device, vw), want_w, dtype, scale=np.abs(want_w) + lr * np.abs(want_buf),
-                   what=f"sgd_momentum w, second step {shape}")
+        got_buf, got_w = H.download(device, vbuf), H.download(device, vw)
+        H.assert_close(got_buf, want_buf, dtype, what=f"sgd_momentum buf, {step} step, {shape}")
+        H.assert_close(got_w, want_w, dtype, scale=np.abs(want_w) + lr * np.abs(want_buf),
+                       what=f"sgd_momentum w, {step} step, {shape}")
+        want_buf = momentum * got_buf.astype(np.float64) + g.astype(np.float64)
+        want_w = got_w.astype(np.float64) - lr * want_buf
     H.assert_close(H.download(device, vg), g, dtype, rtol=0, atol=0, what="sgd_momentum leaves g alone")
 
 
