@@ -711,6 +711,43 @@ def _softmax_cross_entropy_backward(dx, dloss, x, target) -> None:
            f"label {bad[0]} with {c} classes" if status == 3 else "")
 
 
+def _bind_softmax_cross_entropy(loss, x, target) -> Callable[[], None] | None:
+    """The loss as a zero-argument launch for a graph replay (None where an input needs a contiguous copy)."""
+    views = (loss, x, target)
+    if any(v.strides != _layout(v.shape)[0] for v in views):
+        return None
+    _, c = _xent_check("softmax_cross_entropy", x, target, views)
+    return _bound_xent(lib.sg_softmax_cross_entropy, "softmax_cross_entropy", views, c,
+                       (x.dtype, x.buffer.handle, x.offset, target.dtype, target.buffer.handle, target.offset,
+                        loss.buffer.handle, loss.offset, x.shape[0], c))
+
+
+def _bind_softmax_cross_entropy_backward(dx, dloss, x, target) -> Callable[[], None] | None:
+    views = (dx, dloss, x, target)
+    if any(v.strides != _layout(v.shape)[0] for v in views) or not (dloss.dtype == dx.dtype == x.dtype):
+        return None
+    _, c = _xent_check("softmax_cross_entropy_backward", x, target, views)
+    return _bound_xent(lib.sg_softmax_cross_entropy_backward, "softmax_cross_entropy_backward", views, c,
+                       (x.dtype, dloss.buffer.handle, dloss.offset, x.buffer.handle, x.offset, target.dtype,
+                        target.buffer.handle, target.offset, dx.buffer.handle, dx.offset, x.shape[0], c))
+
+
+def _bound_xent(launch, name: str, views: tuple, classes: int, args: tuple) -> Callable[[], None]:
+    bad = ffi.new("int64_t *")
+    args = args + (bad,)
+
+    def run() -> None:
+        status = launch(*args)
+        if status:
+            _check(status, name, views, f"label {bad[0]} with {classes} classes" if status == 3 else "")
+
+    return run
+
+
+_softmax_cross_entropy.bind = _bind_softmax_cross_entropy
+_softmax_cross_entropy_backward.bind = _bind_softmax_cross_entropy_backward
+
+
 # -- indexing -----------------------------------------------------------------------------------------------------
 
 

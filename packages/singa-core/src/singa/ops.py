@@ -1880,6 +1880,9 @@ def log_softmax_backward(dy: Tensor, y: Tensor, axis: int = -1) -> Tensor:
     return _softmax_grad("log_softmax_backward", dy, y, axis)
 
 
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
+
+
 def check_labels(op: str, labels: Tensor, classes: int) -> None:
     """Class labels must be whole numbers in [0, classes): else an error naming the first bad label and its position
     (no wrapping of -1 to the last class, no truncation of 2.5). The check reads the labels on the host; in a step
@@ -1894,8 +1897,10 @@ def check_labels(op: str, labels: Tensor, classes: int) -> None:
                 i = int(np.argmin(whole))
                 raise ValueError(f"{op}: label {arr[i].item()!r} at position {i} is not a whole number (class labels "
                                  f"are integers in [0, {classes}))")
-        bad = (arr < 0) | (arr >= classes)
-        if bad.any():
+        # one pass for integer labels: seen as unsigned, a negative label is larger than any class count
+        if arr.size and (arr.view(_UNSIGNED[arr.dtype.itemsize]).max() >= classes if arr.dtype.kind == "i"
+                         else bool(((arr < 0) | (arr >= classes)).any())):
+            bad = (arr < 0) | (arr >= classes)
             i = int(np.argmax(bad))
             v = arr[i].item()
             raise IndexError(f"{op}: label {int(v) if float(v).is_integer() else v} at position {i} is outside "
