@@ -1306,3 +1306,24 @@ def test_bound_copies_replay_on_new_contents(dt):
             f()
         np.testing.assert_array_equal(get(dst), a)
         np.testing.assert_array_equal(get(cat)[:, :, 5:], a.transpose(0, 2, 1))
+
+
+# -- optimizer updates --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_sgd_momentum_flushes_a_decayed_buffer_to_zero(dt):
+    """A buffer value that decays below the smallest normal number (its gradient stays 0) is stored as 0, not as a
+    subnormal; the others follow the rule; the weights of the flushed elements do not move."""
+    tiny = np.finfo(dt).tiny
+    buf = np.array([19 * tiny, -19 * tiny, 40 * tiny, 1.0, -0.5, 3 * tiny], dt)
+    g = np.array([0, 0, 0, 0.25, 0, 2 * tiny], dt)
+    w = np.array([1.5, -2.0, 0.75, 3.0, 1.0, 4.0], dt)
+    vw, vbuf, vg = put(w), put(buf), put(g)
+    K["sgd_momentum"](vw, vbuf, vg, lr=0.1, momentum=0.05)
+    new_buf = 0.05 * buf.astype(np.float64) + g  # 0.95 tiny and -0.95 tiny: subnormal; the rest normal
+    want_buf = np.where(np.abs(new_buf) < tiny, 0.0, new_buf)
+    got_buf = get(vbuf)
+    assert got_buf[0] == 0 and got_buf[1] == 0, got_buf
+    close(got_buf, want_buf.astype(dt), dt, rtol=1e-6, atol=0)
+    close(get(vw), (w - 0.1 * want_buf).astype(dt), dt, rtol=1e-6, atol=0)

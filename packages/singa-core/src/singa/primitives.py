@@ -129,7 +129,8 @@ SPECIAL = [
     # -- optimizer updates -----------------------------------------------------------------------------------------
     P("sgd_momentum", ("w", "buf"), ("g",), ("lr", "momentum"),
       "SGD's momentum rule in place, in one pass: buf = momentum * buf + g, then w = w - lr * buf. w, buf and g "
-      "share one float dtype and shape and are contiguous; w and buf are distinct buffers, g may be neither. "
+      "share one float dtype and shape and are contiguous, no two overlapping. A buffer value below the dtype's "
+      "smallest normal number may be stored as 0 (a backend may keep it off the CPU's slow subnormal path). "
       "Optional (see COMPOSED): without it, the core runs two axpby of the same backend.", "optimizer",
       inplace=("w", "buf")),
     # -- random numbers ---------------------------------------------------------------------------------------------
