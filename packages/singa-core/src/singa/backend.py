@@ -132,6 +132,9 @@ def channel_split(view, block: int, blocked: bool) -> View:
     return make_view(view.buffer, view.dtype, (N, C // block, block, H, W), strides, view.offset)
 
 
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
+
+
 def is_contiguous(view) -> bool:
     s = 1
     for d, st in zip(reversed(view.shape), reversed(view.strides)):
@@ -347,6 +350,16 @@ class Device:
     def host_buffer(self, view) -> memoryview:
         """A writable buffer over the bytes of a contiguous view, for devices whose memory is host memory."""
         raise NotImplementedError(f"{self.name}: device memory is not host memory (host_memory is False)")
+
+    def find_label_outside(self, view, classes: int) -> int:
+        """The position of the first element of an int32/int64 view of class labels outside [0, classes), or -1.
+        Training with a class-label loss asks it once per step (ops.check_labels); a backend may override it to
+        answer without copying the labels to the host."""
+        arr = self.read(view).reshape(-1)
+        # one pass: seen as unsigned, a negative label is larger than any class count
+        if not arr.size or arr.view(_UNSIGNED[arr.dtype.itemsize]).max() < classes:
+            return -1
+        return int(np.argmax((arr < 0) | (arr >= classes)))
 
     def Sync(self) -> None:  # SINGA spelling
         self.synchronize()

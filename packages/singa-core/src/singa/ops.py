@@ -1880,27 +1880,31 @@ def log_softmax_backward(dy: Tensor, y: Tensor, axis: int = -1) -> Tensor:
     return _softmax_grad("log_softmax_backward", dy, y, axis)
 
 
-_UNSIGNED = {4: np.uint32, 8: np.uint64}
-
-
 def check_labels(op: str, labels: Tensor, classes: int) -> None:
     """Class labels must be whole numbers in [0, classes): else an error naming the first bad label and its position
-    (no wrapping of -1 to the last class, no truncation of 2.5). The check reads the labels on the host; in a step
-    recorded for graph mode it is part of the graph and runs at every replay (`graph.host_check`), on every backend."""
+    (no wrapping of -1 to the last class, no truncation of 2.5). Integer labels are checked by the device
+    (`Device.find_label_outside`: a copy to the host and numpy, or the backend's own scan), float ones on the host; in
+    a step recorded for graph mode the check is part of the graph and runs at every replay (`graph.host_check`), before
+    any kernel of the step, on every backend."""
     _tensor(op, labels, "labels")
 
     def check(view: Any) -> None:
-        arr = view.buffer.device.read(view).reshape(-1)
+        dev = view.buffer.device
+        if view.dtype in _INTS:
+            i = dev.find_label_outside(view, classes)
+            if i >= 0:
+                v = int(dev.read(view).reshape(-1)[i])
+                raise IndexError(f"{op}: label {v} at position {i} is outside [0, {classes}) ({classes} classes)")
+            return
+        arr = dev.read(view).reshape(-1)
         if arr.dtype.kind == "f":
             whole = np.isfinite(arr) & (np.floor(arr) == arr)
             if not whole.all():
                 i = int(np.argmin(whole))
                 raise ValueError(f"{op}: label {arr[i].item()!r} at position {i} is not a whole number (class labels "
                                  f"are integers in [0, {classes}))")
-        # one pass for integer labels: seen as unsigned, a negative label is larger than any class count
-        if arr.size and (arr.view(_UNSIGNED[arr.dtype.itemsize]).max() >= classes if arr.dtype.kind == "i"
-                         else bool(((arr < 0) | (arr >= classes)).any())):
-            bad = (arr < 0) | (arr >= classes)
+        bad = (arr < 0) | (arr >= classes)
+        if bad.any():
             i = int(np.argmax(bad))
             v = arr[i].item()
             raise IndexError(f"{op}: label {int(v) if float(v).is_integer() else v} at position {i} is outside "

@@ -86,6 +86,8 @@ int sg_softmax_backward(int dtype, int log, const char *dy, int64_t dyo, const c
                         int64_t dxo, int64_t outer, int64_t len, int64_t inner);
 int sg_softmax_cross_entropy(int dtype, const char *x, int64_t xo, int tdtype, const char *t, int64_t to,
                              char *loss, int64_t lo, int64_t N, int64_t C, int64_t *bad);
+/* the position of the first of n int32/int64 labels outside [0, classes), or -1 */
+int64_t sg_find_label_outside(int tdtype, const char *t, int64_t to, int64_t n, int64_t classes);
 int sg_softmax_cross_entropy_backward(int dtype, const char *dloss, int64_t dlo, const char *x, int64_t xo,
                                       int tdtype, const char *t, int64_t to, char *dx, int64_t dxo, int64_t N,
                                       int64_t C, int64_t *bad);

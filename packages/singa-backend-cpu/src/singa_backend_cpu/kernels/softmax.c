@@ -70,6 +70,19 @@ static int64_t label_of(int tdtype, const char *t, int64_t n, int64_t C, int64_t
     return v;
 }
 
+int64_t sg_find_label_outside(int tdtype, const char *t, int64_t to, int64_t n, int64_t classes) {
+    if (tdtype == SG_I32) {
+        const int32_t *p = (const int32_t *)t + to;
+        for (int64_t i = 0; i < n; i++)
+            if (p[i] < 0 || p[i] >= classes) return i;
+    } else {
+        const int64_t *p = (const int64_t *)t + to;
+        for (int64_t i = 0; i < n; i++)
+            if (p[i] < 0 || p[i] >= classes) return i;
+    }
+    return -1;
+}
+
 /* log-sum-exp of a row, in double (float32 rows exponentiate with the vectorisable sg_vexpf, summed in double) */
 static double row_lse(const char *x, int dtype, int64_t C) {
     if (dtype == SG_F32) {

@@ -1,5 +1,5 @@
 """The Device protocol itself: memory pool counters, host <-> device and device <-> device copies, synchronisation,
-random-number bookkeeping, and the kernel table (complete, no stray names, fallback warnings)."""
+random-number bookkeeping, the class-label scan, and the kernel table (complete, no stray names, fallback warnings)."""
 
 from __future__ import annotations
 
@@ -202,6 +202,21 @@ def test_rng_offsets(device):
     assert second == 8
     assert second % 4 == 0
     assert device.next_rng_offset(0) == 12
+
+
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64], ids=dtypes.name)
+def test_find_label_outside(device, dtype):
+    """The position of the first label outside [0, classes), or -1: contiguous (with an offset), strided, empty."""
+    classes = 10
+    cases = [([3, 0, 9, 2], -1), ([3, 10, -1], 1), ([-1, 4], 0), ([5, 6, 7, 9, 11], 4), ([], -1),
+             (list(range(10)) * 300 + [-7], 3000)]
+    for labels, want in cases:
+        arr = np.array(labels, H.np_dtype(dtype))
+        assert device.find_label_outside(H.upload(device, arr, offset=3), classes) == want, labels
+    if dtype == dtypes.int64:  # beyond int32: a label that wraps into range when truncated
+        assert device.find_label_outside(H.upload(device, np.array([1, 2**32 + 3], np.int64)), classes) == 1
+    every_other = H.stepped(device, np.array([1, 2, 3, 12, 5], H.np_dtype(dtype)))
+    assert device.find_label_outside(every_other, classes) == 3
 
 
 def test_kernel_table_complete(device):
