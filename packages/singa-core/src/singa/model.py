@@ -115,18 +115,24 @@ def _user_stacklevel() -> int:
     return level
 
 
+_PLAIN = (bool, int, float, str)
+
+
+def _plain(o: Any) -> tuple:
+    """An object's plain settings, in attribute order (an attribute deleted and set again reorders them: a new
+    signature, one needless recording)."""
+    return tuple([(k, v) for k, v in vars(o).items() if isinstance(v, _PLAIN)])
+
+
 def _opt_signature(opt: Any) -> tuple:
-    """The optimizer object, its schedule and their plain settings: a recorded step bakes them in."""
+    """The optimizer object, its schedule and their plain settings: a recorded step bakes them in. Computed at every
+    replay, so kept to one pass over the attributes."""
     if opt is None:
         return (None,)
-
-    def plain(o: Any) -> tuple:
-        return tuple(sorted((k, v) for k, v in vars(o).items() if isinstance(v, (bool, int, float, str))))
-
     # its hyper-parameters are schedulers (SINGA's lr, momentum, ...): each one's identity and settings
-    scheds = tuple(sorted((k, id(v), plain(v)) for k, v in vars(opt).items()
-                          if hasattr(v, "__dict__") and hasattr(v, "init_value")))
-    return (id(opt), plain(opt), scheds)
+    scheds = tuple([(k, id(v), _plain(v)) for k, v in vars(opt).items()
+                    if not isinstance(v, _PLAIN) and "init_value" in getattr(v, "__dict__", ())])
+    return (id(opt), _plain(opt), scheds)
 
 
 def _same_value(a: Any, b: Any) -> bool:
