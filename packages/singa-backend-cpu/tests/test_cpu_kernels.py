@@ -878,9 +878,12 @@ POOL_PATH_CASES = [
     (2, 3, 8, 37, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 18 outputs a row: a full vector and a masked tail
     (1, 2, 6, 64, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 32 a row: two full vectors
     (1, 2, 8, 10, (2, 2), (2, 2), (0, 0, 1, 1), (1, 1)),  # bottom / right padding no window reaches
+    (3, 5, 8, 8, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 4 outputs a row (the MNIST CNN's second pool): one masked
+    (2, 3, 24, 25, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # 12 a row, the last input column in no window
     # other windows with stride 2, every one inside: pool_stride2_f32 in place (the first case's 111x111 as well)
     (2, 3, 9, 41, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # 20 outputs a row: a masked tail of 4
     (1, 2, 7, 40, (3, 2), (2, 2), (0, 0, 0, 0), (1, 1)),  # an oblong window
+    (2, 3, 17, 19, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),  # 9 outputs a row: one masked vector
     # stride 2 with windows reaching into the padding: their rows left out in place, the edge columns one by one
     (1, 3, 55, 55, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # odd: the last row and column reach the padding too
     (1, 2, 10, 40, (2, 2), (2, 2), (1, 1, 1, 1), (1, 1)),  # 2x2 with padding: not the pair loads
