@@ -91,6 +91,15 @@ def _fill(out, value) -> None:
     _run_layout(_FILL_C[size], _FILL_S[size], out.shape, (out,), (bits,))
 
 
+def _bind_fill(out, value) -> Callable[[], None]:
+    """_fill's call as a zero-argument launch for a graph replay (the seed of a backward, a zeroed buffer)."""
+    return kernel_table.bind_layout(_FILL_C[ITEMSIZE[out.dtype]], _FILL_S[ITEMSIZE[out.dtype]], out.shape, (out,),
+                                    (_element_bits(out.dtype, value),))
+
+
+_fill.bind = _bind_fill
+
+
 def _copy(out, x) -> None:
     if out.dtype != x.dtype:
         raise _dtype_error("copy", (out, x), (x.dtype,))
