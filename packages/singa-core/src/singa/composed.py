@@ -2,7 +2,7 @@
 
 A backend may leave these out: `Device.table` then runs the steps below with the backend's own kernels, on the
 device, instead of the host fallback. A backend provides the primitive itself where a library does the steps in one
-pass (the CPU backend's conv2d_fused: oneDNN's convolution with sum and ReLU post-ops; its sgd_momentum: one loop).
+pass (the CPU backend's conv2d_fused: oneDNN's convolution with sum and ReLU post-ops; its sgd_momentum: one C kernel).
 
 Each builder takes the device's table before the composed entries are added (plain functions, so that a graph
 recorder's hooks on the table see one call of the composed primitive, not its steps) and returns the kernel.

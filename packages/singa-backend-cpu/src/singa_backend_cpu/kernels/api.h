@@ -110,6 +110,7 @@ int sg_random_normal(int dtype, char *out, int64_t oo, int64_t n, double mean, d
                      uint64_t offset);
 int sg_random_bernoulli(int dtype, char *out, int64_t oo, int64_t n, double p, uint64_t seed, uint64_t offset);
 
-/* optim.c: in place, one pass: buf = momentum * buf + g; w = w - lr * buf (float32 or float64, contiguous) */
+/* optim.c: in place, block by block: buf = momentum * buf + g (0 below the smallest normal number); w = w - lr * buf
+ * (float32 or float64, contiguous) */
 int sg_sgd_momentum(int dtype, char *w, int64_t wo, char *buf, int64_t bo, const char *g, int64_t go, int64_t n,
                     double lr, double momentum);

@@ -1,5 +1,5 @@
-/* Optimizer updates in one pass over a parameter's memory. SGD's momentum rule as two axpby passes reads the momentum
- * buffer from memory twice; here the weights read it from L1. float32 computes in float, as axpby does. */
+/* Optimizer updates in one kernel over a parameter's memory. SGD's momentum rule as two axpby passes reads the
+ * momentum buffer from memory twice; here the weights read it from L1. float32 computes in float, as axpby does. */
 #include <float.h>
 
 #include "common.h"
