@@ -697,48 +697,43 @@ def _xent_check(name: str, x, target, views) -> tuple[int, int]:
 
 
 def _softmax_cross_entropy(loss, x, target) -> None:
-    views = (loss, x, target)
-    x, target = _contiguous(x), _contiguous(target)
-    n, c = _xent_check("softmax_cross_entropy", x, target, views)
-    bad = ffi.new("int64_t *")
-    status = lib.sg_softmax_cross_entropy(x.dtype, x.buffer.handle, x.offset, target.dtype, target.buffer.handle,
-                                          target.offset, loss.buffer.handle, loss.offset, n, c, bad)
-    _check(status, "softmax_cross_entropy", views, f"label {bad[0]} with {c} classes" if status == 3 else "")
+    _xent_loss_launch((loss, x, target), loss, _contiguous(x), _contiguous(target))()
 
 
 def _softmax_cross_entropy_backward(dx, dloss, x, target) -> None:
-    views = (dx, dloss, x, target)
-    x, target, dloss = _contiguous(x), _contiguous(target), _contiguous(dloss)
-    n, c = _xent_check("softmax_cross_entropy_backward", x, target, views)
-    if dloss.dtype != x.dtype or dx.dtype != x.dtype:
-        raise _dtype_error("softmax_cross_entropy_backward", views, FLOATS)
-    bad = ffi.new("int64_t *")
-    status = lib.sg_softmax_cross_entropy_backward(x.dtype, dloss.buffer.handle, dloss.offset, x.buffer.handle,
-                                                   x.offset, target.dtype, target.buffer.handle, target.offset,
-                                                   dx.buffer.handle, dx.offset, n, c, bad)
-    _check(status, "softmax_cross_entropy_backward", views,
-           f"label {bad[0]} with {c} classes" if status == 3 else "")
+    _xent_grad_launch((dx, dloss, x, target), dx, _contiguous(dloss), _contiguous(x), _contiguous(target))()
 
 
 def _bind_softmax_cross_entropy(loss, x, target) -> Callable[[], None] | None:
     """The loss as a zero-argument launch for a graph replay (None where an input needs a contiguous copy)."""
-    views = (loss, x, target)
-    if any(v.strides != _layout(v.shape)[0] for v in views):
+    if any(v.strides != _layout(v.shape)[0] for v in (loss, x, target)):
         return None
-    _, c = _xent_check("softmax_cross_entropy", x, target, views)
-    return _bound_xent(lib.sg_softmax_cross_entropy, "softmax_cross_entropy", views, c,
-                       (x.dtype, x.buffer.handle, x.offset, target.dtype, target.buffer.handle, target.offset,
-                        loss.buffer.handle, loss.offset, x.shape[0], c))
+    return _xent_loss_launch((loss, x, target), loss, x, target)
 
 
 def _bind_softmax_cross_entropy_backward(dx, dloss, x, target) -> Callable[[], None] | None:
-    views = (dx, dloss, x, target)
-    if any(v.strides != _layout(v.shape)[0] for v in views) or not (dloss.dtype == dx.dtype == x.dtype):
+    if any(v.strides != _layout(v.shape)[0] for v in (dx, dloss, x, target)):
         return None
-    _, c = _xent_check("softmax_cross_entropy_backward", x, target, views)
+    return _xent_grad_launch((dx, dloss, x, target), dx, dloss, x, target)
+
+
+def _xent_loss_launch(views: tuple, loss, x, target) -> Callable[[], None]:
+    """The loss of contiguous x and target as a zero-argument launch (the kernel's call, or a replay's); errors name
+    the caller's `views`."""
+    n, c = _xent_check("softmax_cross_entropy", x, target, views)
+    return _bound_xent(lib.sg_softmax_cross_entropy, "softmax_cross_entropy", views, c,
+                       (x.dtype, x.buffer.handle, x.offset, target.dtype, target.buffer.handle, target.offset,
+                        loss.buffer.handle, loss.offset, n, c))
+
+
+def _xent_grad_launch(views: tuple, dx, dloss, x, target) -> Callable[[], None]:
+    """The loss's gradient of contiguous dloss, x and target as a zero-argument launch (as _xent_loss_launch)."""
+    n, c = _xent_check("softmax_cross_entropy_backward", x, target, views)
+    if dloss.dtype != x.dtype or dx.dtype != x.dtype:
+        raise _dtype_error("softmax_cross_entropy_backward", views, FLOATS)
     return _bound_xent(lib.sg_softmax_cross_entropy_backward, "softmax_cross_entropy_backward", views, c,
                        (x.dtype, dloss.buffer.handle, dloss.offset, x.buffer.handle, x.offset, target.dtype,
-                        target.buffer.handle, target.offset, dx.buffer.handle, dx.offset, x.shape[0], c))
+                        target.buffer.handle, target.offset, dx.buffer.handle, dx.offset, n, c))
 
 
 def _bound_xent(launch, name: str, views: tuple, classes: int, args: tuple) -> Callable[[], None]:

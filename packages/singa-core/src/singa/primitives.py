@@ -128,7 +128,7 @@ SPECIAL = [
       "'edge'.", "indexing"),
     # -- optimizer updates -----------------------------------------------------------------------------------------
     P("sgd_momentum", ("w", "buf"), ("g",), ("lr", "momentum"),
-      "SGD's momentum rule in place, in one pass: buf = momentum * buf + g, then w = w - lr * buf. w, buf and g "
+      "SGD's momentum rule in place, in one call: buf = momentum * buf + g, then w = w - lr * buf. w, buf and g "
       "share one float dtype and shape and are contiguous, no two overlapping. A buffer value below the dtype's "
       "smallest normal number may be stored as 0 (a backend may keep it off the CPU's slow subnormal path). "
       "Optional (see COMPOSED): without it, the core runs two axpby of the same backend.", "optimizer",
