@@ -98,9 +98,10 @@ def _handles(*names: str) -> Callable:
 
 
 def _autograd_class(op: Any, table: dict) -> str | None:
-    """The nearest class of op (itself or a base) that singa.autograd defines and `table` knows."""
+    """The nearest class of op (itself or a base) that singa.autograd defines (or re-exports from its operator modules)
+    and `table` knows."""
     for cls in type(op).__mro__:
-        if cls.__module__ == autograd.__name__ and cls.__name__ in table:
+        if cls.__name__ in table and getattr(autograd, cls.__name__, None) is cls:
             return cls.__name__
     return None
 
