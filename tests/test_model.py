@@ -336,6 +336,91 @@ def test_graph_peak_memory_is_lower(dev):
     assert peaks[True] < 0.9 * peaks[False], peaks
 
 
+class _TrainResNet(model.Model):
+    """A stem conv-BN-ReLU, a residual block with an identity shortcut and one with a projection (1x1 conv + BN,
+    stride 2), global average pooling, a linear layer: what graph_recompute rewrites in a ResNet."""
+
+    def __init__(self, channels=8):
+        super().__init__()
+        c = channels
+        self.stem = [layer.Conv2d(c, 3, padding=1, bias=False), layer.BatchNorm2d(), layer.ReLU()]
+        self.a = [layer.Conv2d(c, 3, padding=1, bias=False), layer.BatchNorm2d(), layer.ReLU(),
+                  layer.Conv2d(c, 3, padding=1, bias=False), layer.BatchNorm2d()]
+        self.b = [layer.Conv2d(2 * c, 3, stride=2, padding=1, bias=False), layer.BatchNorm2d(), layer.ReLU(),
+                  layer.Conv2d(2 * c, 3, padding=1, bias=False), layer.BatchNorm2d()]
+        self.proj = [layer.Conv2d(2 * c, 1, stride=2, bias=False), layer.BatchNorm2d()]
+        self.add_a, self.add_b, self.relu_a, self.relu_b = layer.Add(), layer.Add(), layer.ReLU(), layer.ReLU()
+        self.flat, self.fc, self.loss = layer.Flatten(), layer.Linear(5), layer.SoftMaxCrossEntropy()
+        for name, layers in (("stem", self.stem), ("a", self.a), ("b", self.b), ("proj", self.proj)):
+            for i, lyr in enumerate(layers):
+                setattr(self, f"{name}{i}", lyr)
+
+    @staticmethod
+    def _seq(layers, x):
+        for lyr in layers:
+            x = lyr(x)
+        return x
+
+    def forward(self, x):
+        x = self._seq(self.stem, x)
+        x = self.relu_a(self.add_a(self._seq(self.a, x), x))
+        x = self.relu_b(self.add_b(self._seq(self.b, x), self._seq(self.proj, x)))
+        return self.fc(self.flat(autograd.globalaveragepool(x)))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+def test_graph_recomputes_batchnorm_relu_outputs_exactly(dev, monkeypatch):
+    """Where the device has its own batchnorm_apply, a training graph recomputes each BatchNorm (+ Add) + ReLU output
+    the backward reads instead of keeping it from the forward: the replayed steps compute exactly what eager steps
+    do (bit for bit, both schedules), and the steady-state peak memory drops below the graph's without it."""
+    if "batchnorm_apply" not in dev.kernels:
+        pytest.skip(f"{dev.name} has no batchnorm_apply of its own: graph mode keeps the activations there")
+    data = _cnn_data(4, batch=16, size=16, classes=5, seed=3)
+    data = [(np.repeat(x, 3, axis=1), y) for x, y in data]
+
+    def make_opt():
+        return opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+    m_e, l_e = _train(dev, _TrainResNet, make_opt, data, use_graph=False)
+    for seq in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", graph.GraphWarning)
+            m_g, l_g = _train(dev, _TrainResNet, make_opt, data, use_graph=True, sequential=seq)
+        np.testing.assert_array_equal(l_g, l_e)
+        sa, sb = m_e.get_states(), m_g.get_states()
+        for k in sa:
+            np.testing.assert_array_equal(sb[k].to_numpy(), sa[k].to_numpy(), err_msg=k)
+        names = [c.name for c in m_g._step_graph.graph.calls]
+        # one each for the stem's ReLU, block a's two and block b's first; two for block b's output, whose Add
+        # reads the projection's BatchNorm too (the pooling's backward reads that output)
+        assert names.count("batchnorm_apply") == 6, names
+
+    peaks = {}
+    for recompute in (False, True):
+        monkeypatch.setattr(graph, "_RECOMPUTE", recompute)
+        gc.collect()
+        dev.set_rand_seed(0)
+        m = _TrainResNet()
+        m.optimizer = make_opt()
+        tx, ty = Tensor(data[0][0].shape, dev), Tensor(data[0][1].shape, dev, tensor.int32)
+        base = dev.pool.bytes_in_use
+        m.compile([tx], use_graph=True)
+        for i, (x, y) in enumerate(data):
+            if i == 1:
+                dev.pool.reset_peak()
+            tx.copy_from_numpy(x)
+            ty.copy_from_numpy(y)
+            m(tx, ty)
+        peaks[recompute] = dev.pool.peak_bytes - base
+        del m, tx, ty
+    assert peaks[True] < peaks[False], peaks
+
+
 # -- modes ------------------------------------------------------------------------------------------------------------
 
 

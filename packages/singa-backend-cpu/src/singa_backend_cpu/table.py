@@ -630,6 +630,19 @@ def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
     _check(status, "batchnorm_infer", views)
 
 
+def _batchnorm_apply(y, x, scale, bias, saved_mean, saved_invstd, activation="none") -> None:
+    views = (y, x, scale, bias, saved_mean, saved_invstd)
+    _float_views("batchnorm_apply", views, x)
+    if activation not in ("none", "relu"):
+        raise ValueError(f"cpu kernel batchnorm_apply: activation {activation!r}, expected 'none' or 'relu'")
+    x = _contiguous(x)
+    n, c, s = _bn_dims("batchnorm_apply", x, views)
+    status = lib.sg_batchnorm_apply(x.dtype, x.buffer.handle, x.offset, y.buffer.handle, y.offset, n, c, s,
+                                    *_vec(scale), *_vec(bias), *_vec(saved_mean), *_vec(saved_invstd),
+                                    1 if activation == "relu" else 0)
+    _check(status, "batchnorm_apply", views)
+
+
 def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd) -> None:
     views = (dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd)
     _float_views("batchnorm_backward", views, x)

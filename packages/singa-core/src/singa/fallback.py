@@ -324,6 +324,14 @@ def batchnorm_infer(y, x, scale, bias, mean, var, eps):
     return {"y": (xc - _bc(mean.astype(ct), x)) * _bc(inv * scale.astype(ct), x) + _bc(bias.astype(ct), x)}
 
 
+def batchnorm_apply(y, x, scale, bias, saved_mean, saved_invstd, activation="none"):
+    ct = np.float32 if x.dtype == np.float16 else x.dtype
+    xc = x.astype(ct)
+    out = (xc - _bc(saved_mean.astype(ct), x)) * _bc(saved_invstd.astype(ct) * scale.astype(ct), x) + _bc(
+        bias.astype(ct), x)
+    return {"y": np.where(out < 0, 0, out) if activation == "relu" else out}
+
+
 def batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invstd):
     ct = np.float32 if x.dtype == np.float16 else x.dtype
     xc, d = x.astype(ct), dy.astype(ct)

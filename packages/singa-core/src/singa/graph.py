@@ -64,6 +64,9 @@ __all__ = ["Recorder", "Graph", "GraphUnsupported", "GraphWarning", "no_record",
 _EXTERNAL_ORDER = -1  # a pseudo buffer key every external call reads and writes: they stay in program order
 _ALIGN = 64  # byte alignment of planned temporaries (a multiple of every itemsize; cache-line friendly)
 _SINGA_DIR = os.path.dirname(os.path.abspath(__file__))
+# SINGA_GRAPH_RECOMPUTE=0 keeps every activation a training step's backward reads instead of recomputing the cheap
+# ones (see graph_recompute): for measuring what the recomputation saves and costs
+_RECOMPUTE = os.environ.get("SINGA_GRAPH_RECOMPUTE", "").strip() != "0"
 
 
 class GraphWarning(UserWarning):
@@ -376,12 +379,14 @@ class Recorder:
                 info.strong = info.ref()  # still alive: persistent (outputs, new states)
         if self.problem is not None:
             raise GraphUnsupported(self.problem)
-        from singa import graph_fuse
+        from singa import graph_fuse, graph_recompute
 
         calls = self.calls
         if inference:
             calls = graph_fuse.fold_batchnorm(self.device, calls, self.infos)
             calls = graph_fuse.keep_channel_blocks(self.device, calls, self.infos)
+        elif _RECOMPUTE:
+            calls = graph_recompute.recompute_batchnorm(self.device, calls, self.infos)
         calls = graph_fuse.write_into_slices(calls, self.infos)
         calls = graph_fuse.drop_unread(calls, self.infos)
         return Graph(self.device, calls, self.infos, sequential)

@@ -101,6 +101,13 @@ SPECIAL = [
       "y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).", "nn"),
     P("batchnorm_backward", ("dx", "dscale", "dbias"), ("dy", "x", "scale", "saved_mean", "saved_invstd"), (),
       "Gradients of batchnorm_train with respect to x, scale and bias.", "nn"),
+    P("batchnorm_apply", ("y",), ("x", "scale", "bias", "saved_mean", "saved_invstd"), ("activation",),
+      "y = act((x - saved_mean) * saved_invstd * scale + bias) per channel (axis 1), act 'relu' or 'none', with the "
+      "statistics a batchnorm_train call saved. Graph mode uses it to recompute a training step's BatchNorm (+ ReLU) "
+      "output in the backward instead of keeping it alive from the forward (see graph_fuse.recompute_batchnorm), and "
+      "only on a backend that has it (`Device.kernels`; elsewhere the host fallback serves direct calls): there, for "
+      "float32 and float64 data with statistics of the same dtype, y must equal that batchnorm_train call's y (relu'd "
+      "like the relu kernel: NaN stays) bit for bit.", "nn"),
     P("layer_norm", ("y", "mean", "invstd"), ("x", "scale?", "bias?"), ("eps",),
       "Normalise each row of x, a (rows, cols) matrix: mean and invstd = 1 / sqrt(var + eps) of the row (biased "
       "variance), both (rows,) in x's dtype; y = (x - mean) * invstd * scale + bias with scale and bias (cols,) "

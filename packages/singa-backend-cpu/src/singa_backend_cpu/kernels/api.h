@@ -70,6 +70,11 @@ int sg_batchnorm_train(int xdt, const char *x, int64_t xo, char *y, int64_t yo, 
 int sg_batchnorm_infer(int xdt, const char *x, int64_t xo, char *y, int64_t yo, int64_t N, int64_t C, int64_t S,
                        int sdt, const char *scale, int64_t so, int bdt, const char *bias, int64_t bo,
                        int mdt, const char *mean, int64_t mo, int vdt, const char *var, int64_t vo, double eps);
+/* y = act(batchnorm_train's affine map) (relu != 0: ReLU), bit for bit its y where the statistics have the data's
+ * dtype (float32, float64): the mean recomputed from x in double as batchnorm_train computes it, the saved invstd */
+int sg_batchnorm_apply(int xdt, const char *x, int64_t xo, char *y, int64_t yo, int64_t N, int64_t C, int64_t S,
+                       int sdt, const char *scale, int64_t so, int bdt, const char *bias, int64_t bo,
+                       int mdt, const char *smean, int64_t mo, int idt, const char *sinvstd, int64_t io, int relu);
 int sg_batchnorm_backward(int xdt, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dx, int64_t dxo,
                           int64_t N, int64_t C, int64_t S, int sdt, const char *scale, int64_t so,
                           int smdt, const char *smean, int64_t smo, int sidt, const char *sinvstd, int64_t sio,

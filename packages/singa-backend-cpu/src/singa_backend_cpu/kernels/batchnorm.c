@@ -80,6 +80,21 @@ int sg_batchnorm_infer(int xdt, const char *x, int64_t xo, char *y, int64_t yo, 
     return err;
 }
 
+int sg_batchnorm_apply(int xdt, const char *x, int64_t xo, char *y, int64_t yo, int64_t N, int64_t C, int64_t S,
+                       int sdt, const char *scale, int64_t so, int bdt, const char *bias, int64_t bo,
+                       int mdt, const char *smean, int64_t mo, int idt, const char *sinvstd, int64_t io, int relu) {
+    if (!sg_is_float(xdt)) return SG_EDTYPE;
+    (void)mdt, (void)smean, (void)mo; /* the mean is recomputed in double (see bn_apply) */
+    const chan sc = chan_of(sdt, scale, so), bi = chan_of(bdt, bias, bo), inv = chan_of(idt, sinvstd, io);
+    if (xdt == SG_F64) return bn_apply_f64((const double *)x + xo, (double *)y + yo, N, C, S, sc, bi, inv, relu);
+    const int64_t n = N * C * S, isz = sg_itemsize(xdt);
+    fbufs b;
+    int err = open_bufs(xdt, x + xo * isz, y + yo * isz, n, &b);
+    if (!err) err = bn_apply_f32(b.x, b.y, N, C, S, sc, bi, inv, relu);
+    close_bufs(y + yo * isz, n, &b, !err);
+    return err;
+}
+
 int sg_batchnorm_backward(int xdt, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dx, int64_t dxo,
                           int64_t N, int64_t C, int64_t S, int sdt, const char *scale, int64_t so,
                           int smdt, const char *smean, int64_t smo, int sidt, const char *sinvstd, int64_t sio,

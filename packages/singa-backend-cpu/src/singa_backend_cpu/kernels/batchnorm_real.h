@@ -1,8 +1,9 @@
 /* Batch normalisation of sg_real data, x seen as (N, C, S) (instantiated by batchnorm.c, see real.h). Threads own
  * disjoint ranges of channels; statistics accumulate in double. */
 
-/* sum over (n, s) of x for channels [c0, c1), into acc[c] */
-static void SG_R(channel_sum)(const sg_real *x, int64_t N, int64_t C, int64_t S, int64_t c0, int64_t c1,
+/* sum over (n, s) of x for channels [c0, c1), into acc[c]; one compiled body for bn_train and bn_apply, whose means
+ * must agree to the last bit */
+__attribute__((noinline)) static void SG_R(channel_sum)(const sg_real *x, int64_t N, int64_t C, int64_t S, int64_t c0, int64_t c1,
                               double *acc) {
     for (int64_t c = c0; c < c1; c++) acc[c] = 0.0;
     for (int64_t n = 0; n < N; n++)
@@ -30,17 +31,43 @@ static void SG_R(channel_sqdev)(const sg_real *x, int64_t N, int64_t C, int64_t 
             acc[c] += s;
         }
 }
-/* y = (x - m[c]) * a[c] + b[c]; the difference in double, so that a mean far from zero costs no digits */
+/* y = (x - m[c]) * a[c] + b[c]; the difference in double, so that a mean far from zero costs no digits. With `relu`,
+ * the rounded result goes through the relu kernel's expression (negatives to 0, NaN stays). */
 static void SG_R(channel_affine)(const sg_real *x, sg_real *y, int64_t N, int64_t C, int64_t S, int64_t c0,
-                                 int64_t c1, const double *m, const double *a, const double *b) {
+                                 int64_t c1, const double *m, const double *a, const double *b, int relu) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = c0; c < c1; c++) {
             const sg_real *p = x + (n * C + c) * S;
             sg_real *q = y + (n * C + c) * S;
             const double mc = m[c], ac = a[c], bc = b[c];
+            if (relu) {
 #pragma omp simd
-            for (int64_t i = 0; i < S; i++) q[i] = (sg_real)(((double)p[i] - mc) * ac + bc);
+                for (int64_t i = 0; i < S; i++) {
+                    const sg_real v = (sg_real)(((double)p[i] - mc) * ac + bc);
+                    q[i] = v < 0 ? 0 : v;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t i = 0; i < S; i++) q[i] = (sg_real)(((double)p[i] - mc) * ac + bc);
+            }
         }
+}
+
+/* y = act(affine) over all channels, split over the threads by channels, or by samples when there are few */
+static void SG_R(affine_all)(const sg_real *x, sg_real *y, int64_t N, int64_t C, int64_t S, const double *m,
+                             const double *a, const double *off, int relu) {
+    const int T = CHANNEL_THREADS(N, C, S);
+    if (C >= T) {
+#pragma omp parallel num_threads(T) if (T > 1)
+        {
+            CHANNEL_RANGE();
+            SG_R(channel_affine)(x, y, N, C, S, c0, c1, m, a, off, relu);
+        }
+    } else {
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+        for (int64_t i = 0; i < N; i++)
+            SG_R(channel_affine)(x + i * C * S, y + i * C * S, 1, C, S, 0, C, m, a, off, relu);
+    }
 }
 
 static int SG_R(bn_train)(const sg_real *x, sg_real *y, int64_t N, int64_t C, int64_t S, chan scale, chan bias,
@@ -60,14 +87,18 @@ static int SG_R(bn_train)(const sg_real *x, sg_real *y, int64_t N, int64_t C, in
             const double v = M ? var[c] / (double)M : NAN;
             const double inv = 1.0 / sqrt(v + eps);
             const double unbiased = v * (double)M / (double)(M > 1 ? M - 1 : 1);
-            a[c] = inv * chan_ld(scale, c);
-            off[c] = chan_ld(bias, c);
             chan_st(smean, c, mean[c]);
             chan_st(sinvstd, c, inv);
             chan_st(rmean, c, momentum * chan_ld(rmean, c) + (1.0 - momentum) * mean[c]);
             chan_st(rvar, c, momentum * chan_ld(rvar, c) + (1.0 - momentum) * unbiased);
+            /* y from the double mean (a mean far from zero costs no digits) and the saved invstd, rounded to its
+             * dtype: bn_apply recomputes the same mean and reads that invstd, so it gives y bit for bit. An invstd
+             * narrower than the data (float16, or float32 of float64 data) is too coarse: y keeps the double one. */
+            const int narrow = sg_itemsize(sinvstd.dt) < (int)sizeof(sg_real);
+            a[c] = (narrow ? inv : chan_ld(sinvstd, c)) * chan_ld(scale, c);
+            off[c] = chan_ld(bias, c);
         }
-        SG_R(channel_affine)(x, y, N, C, S, c0, c1, mean, a, off);
+        SG_R(channel_affine)(x, y, N, C, S, c0, c1, mean, a, off, 0);
     }
     free(mean);
     return SG_OK;
@@ -82,18 +113,30 @@ static int SG_R(bn_infer)(const sg_real *x, sg_real *y, int64_t N, int64_t C, in
         a[c] = chan_ld(scale, c) / sqrt(chan_ld(var, c) + eps);
         off[c] = chan_ld(bias, c);
     }
+    SG_R(affine_all)(x, y, N, C, S, m, a, off, 0);
+    free(m);
+    return SG_OK;
+}
+
+/* bn_train's y (and relu of it) again: its double mean recomputed by the same code (the saved one is rounded), its
+ * saved invstd, into the same channel_affine. smean is not read: the mean is x's. */
+static int SG_R(bn_apply)(const sg_real *x, sg_real *y, int64_t N, int64_t C, int64_t S, chan scale, chan bias,
+                          chan sinvstd, int relu) {
+    const int64_t M = N * S;
+    double *m = (double *)malloc((size_t)(3 * C + 1) * sizeof(double)), *a = m + C, *off = a + C;
+    if (!m) return SG_ENOMEM;
     const int T = CHANNEL_THREADS(N, C, S);
-    if (C >= T) {
 #pragma omp parallel num_threads(T) if (T > 1)
-        {
-            CHANNEL_RANGE();
-            SG_R(channel_affine)(x, y, N, C, S, c0, c1, m, a, off);
+    {
+        CHANNEL_RANGE();
+        SG_R(channel_sum)(x, N, C, S, c0, c1, m);
+        for (int64_t c = c0; c < c1; c++) {
+            m[c] = M ? m[c] / (double)M : NAN;
+            a[c] = chan_ld(sinvstd, c) * chan_ld(scale, c);
+            off[c] = chan_ld(bias, c);
         }
-    } else { /* few channels: split the batch instead */
-#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
-        for (int64_t i = 0; i < N; i++)
-            SG_R(channel_affine)(x + i * C * S, y + i * C * S, 1, C, S, 0, C, m, a, off);
     }
+    SG_R(affine_all)(x, y, N, C, S, m, a, off, relu);
     free(m);
     return SG_OK;
 }

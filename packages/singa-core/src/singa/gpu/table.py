@@ -667,9 +667,30 @@ def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
     if total == 0:
         return
     dev = x.buffer.device
+    vecs = [_Vec(v, _vec_dtype(x)) for v in (scale, bias, mean, var)]  # alive until the launch is queued
     dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_infer"), total,
                (I64(total), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset),
-                *_vec_args(*(_Vec(v, _vec_dtype(x)) for v in (scale, bias, mean, var))), _acc(dev, eps)))
+                *_vec_args(*vecs), _acc(dev, eps)))
+
+
+def _batchnorm_apply(y, x, scale, bias, saved_mean, saved_invstd, activation="none") -> None:
+    views = (y, x, scale, bias, saved_mean, saved_invstd)
+    _float_views("batchnorm_apply", views, x)
+    if activation not in ("none", "relu"):
+        raise ValueError(f"{backend_of(views)} kernel batchnorm_apply: activation {activation!r}, expected 'none' or "
+                         "'relu'")
+    x = _contiguous(x)
+    n, c, s = _bn_dims("batchnorm_apply", x, views)
+    total = n * c * s
+    if total == 0:
+        return
+    dev = x.buffer.device
+    # the converted or moved copies stay referenced until the launch is queued: freed earlier, another thread could
+    # take and overwrite their memory before the kernel reads it
+    vecs = [_Vec(v, _vec_dtype(x)) for v in (scale, bias, saved_mean, saved_invstd)]
+    dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_apply_saved"), total,
+               (I64(total), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset),
+                *_vec_args(*vecs), I32(1 if activation == "relu" else 0)))
 
 
 def _layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> None:

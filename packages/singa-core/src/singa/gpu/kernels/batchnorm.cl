@@ -44,11 +44,16 @@ __kernel void sg_bn_stats(const long N, const long C, const long S, __global con
         sinvstd[c] = (V)inv;
         rmean[c] = (V)(momentum * rmean[c] + (1 - momentum) * mean);
         rvar[c] = (V)(momentum * rvar[c] + (1 - momentum) * unbiased);
-        coef[3 * c] = mean;
-        coef[3 * c + 1] = inv * scale[c];
+        /* y from the statistics as saved, so that sg_bn_apply_saved recomputes it bit for bit (the backward reads
+         * the same values) */
+        coef[3 * c] = smean[c];
+        coef[3 * c + 1] = (sg_acc)sinvstd[c] * scale[c];
         coef[3 * c + 2] = bias[c];
     }
 }
+
+/* the one expression of both element-wise passes below */
+inline sg_acc sg_bn_affine(const sg_acc x, const sg_acc m, const sg_acc a, const sg_acc b) { return (x - m) * a + b; }
 
 /* y = (x - coef0) * coef1 + coef2, per channel */
 __kernel void sg_bn_apply(const long n, const long C, const long S, __global const T *x, const long xo,
@@ -56,7 +61,20 @@ __kernel void sg_bn_apply(const long n, const long C, const long S, __global con
     const long i = get_global_id(0);
     if (i >= n) return;
     const long c = (i / S) % C;
-    ST(y, yo + i, ((sg_acc)LD(x, xo + i) - coef[3 * c]) * coef[3 * c + 1] + coef[3 * c + 2]);
+    ST(y, yo + i, sg_bn_affine(LD(x, xo + i), coef[3 * c], coef[3 * c + 1], coef[3 * c + 2]));
+}
+
+/* batchnorm_apply: sg_bn_stats' coefficients again from the saved statistics, then sg_bn_apply's map; relu != 0:
+ * negatives to 0 (NaN stays, as in the relu kernel) */
+__kernel void sg_bn_apply_saved(const long n, const long C, const long S, __global const T *x, const long xo,
+                                __global T *y, const long yo, __global const V *scale, __global const V *bias,
+                                __global const V *smean, __global const V *sinvstd, const int relu) {
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    const long c = (i / S) % C;
+    sg_acc v = sg_bn_affine(LD(x, xo + i), smean[c], (sg_acc)sinvstd[c] * scale[c], bias[c]);
+    if (relu && v < 0) v = 0;
+    ST(y, yo + i, v);
 }
 
 __kernel void sg_bn_infer(const long n, const long C, const long S, __global const T *x, const long xo,

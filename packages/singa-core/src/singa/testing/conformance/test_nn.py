@@ -27,8 +27,9 @@ from singa.testing.conformance.references import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::singa.backend.FallbackWarning")
 
-COVERS = {"batchnorm_train", "batchnorm_infer", "batchnorm_backward", "layer_norm", "softmax", "log_softmax",
-          "softmax_backward", "log_softmax_backward", "softmax_cross_entropy", "softmax_cross_entropy_backward"}
+COVERS = {"batchnorm_train", "batchnorm_infer", "batchnorm_apply", "batchnorm_backward", "layer_norm", "softmax",
+          "log_softmax", "softmax_backward", "log_softmax_backward", "softmax_cross_entropy",
+          "softmax_cross_entropy_backward"}
 
 F32 = dtypes.float32
 DTYPES = (F32, dtypes.float64)  # batch norm, softmax gradients and the loss (softmax itself: every float dtype)
@@ -96,6 +97,39 @@ def test_batchnorm_infer(device, shape, dtype):
     mean_, var_, scale_, bias_ = (per_channel(v, x) for v in (mean, var, scale, bias))
     want = (x.astype(np.float64) - mean_) / np.sqrt(var_ + eps) * scale_ + bias_
     H.assert_close(H.download(device, y), want, dtype, **_tol(dtype, 1e-5, 1e-5), what="batchnorm_infer")
+
+
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.name)
+@pytest.mark.parametrize("shape", BN_SHAPES + [(16, 64, 9, 9)], ids=lambda s: "x".join(map(str, s)))
+def test_batchnorm_apply(device, shape, dtype, activation):
+    """batchnorm_train's affine map again from its saved statistics: close to the float64 formula everywhere, and
+    equal to batchnorm_train's y (relu'd by the relu kernel) bit for bit where the backend has its own kernel (graph
+    mode recomputes training activations with it there). A mean far from zero (x around 40) and a NaN input, which
+    must stay NaN through the ReLU."""
+    H.require(device, dtype)
+    gen = H.rng("bn-apply", shape)
+    C = shape[1]
+    x = gen.normal(40.0, 3.0, shape).astype(H.np_dtype(dtype))
+    x.flat[x.size // 2] = np.nan
+    scale, bias = H.draw(gen, (C,), dtype, -2, 2), H.draw(gen, (C,), dtype, -1, 1)
+    y, rm, rv, sm, si = (H.empty(device, s, dtype) for s in (shape, (C,), (C,), (C,), (C,)))
+    device.write(rm, np.zeros(C, H.np_dtype(dtype)))
+    device.write(rv, np.ones(C, H.np_dtype(dtype)))
+    xd, sd, bd = H.upload(device, x, offset=3), H.upload(device, scale), H.upload(device, bias)
+    device.table["batchnorm_train"](y, rm, rv, sm, si, xd, sd, bd, momentum=0.9, eps=1e-5)
+    got = H.empty(device, shape, dtype)
+    device.table["batchnorm_apply"](got, xd, sd, bd, sm, si, activation=activation)
+    mean, invstd = H.download(device, sm).astype(np.float64), H.download(device, si).astype(np.float64)
+    want = (x.astype(np.float64) - per_channel(mean, x)) * per_channel(invstd * scale, x) + per_channel(bias, x)
+    relu = (lambda a: np.where(a < 0, 0, a)) if activation == "relu" else (lambda a: a)
+    out = H.download(device, got)
+    H.assert_close(out, relu(want), dtype, **_tol(dtype, 1e-5, 1e-5), what=f"batchnorm_apply ({activation})")
+    if "batchnorm_apply" in device.kernels:
+        same = relu(H.download(device, y))
+        assert np.array_equal(out, same, equal_nan=True), (
+            f"{device.name} batchnorm_apply ({activation}) differs from batchnorm_train's y: "
+            f"{np.count_nonzero(~((out == same) | (np.isnan(out) & np.isnan(same))))} of {out.size} elements")
 
 
 # -- layer normalisation --------------------------------------------------------------------------------------------
