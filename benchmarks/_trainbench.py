@@ -14,7 +14,11 @@ Per framework and mode:
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +75,7 @@ class Result:
     step_s: float | None = None  # mean over the rounds
     step_best: float | None = None  # fastest round
     peak_bytes: int | None = None
+    rss: dict | None = None  # rss_child's report: {"first": MiB, "steady": MiB or None}
 
 
 def make_batches(spec: Spec, n: int, seed: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
@@ -165,6 +170,55 @@ def singa_losses_and_peak(spec: Spec, dev, use_graph: bool, init, batches, n_los
     return res
 
 
+def _proc_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise KeyError(field)
+
+
+def rss_child(spec: Spec, use_graph: bool) -> None:
+    """Run in a fresh process (see singa_rss): a singa model's first training step, then `PEAK_STEPS` more; print the
+    process's peak RSS (VmHWM) after the first step and, the peak reset (/proc/self/clear_refs) there, over the
+    others, as JSON, in MiB."""
+    dev = benchlib.singa_device()
+    batches, _ = make_batches(spec, PEAK_STEPS + 1)
+    step = singa_stepper(spec, dev, use_graph, None, batches)
+    step(0)
+    dev.synchronize()
+    first = _proc_mib("VmHWM")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux 4.0+)
+        reset = True
+    except OSError:
+        reset = False
+    for i in range(1, PEAK_STEPS + 1):
+        step(i)
+    dev.synchronize()
+    print(json.dumps({"title": spec.title, "first": first, "steady": _proc_mib("VmHWM") if reset else None}))
+
+
+def singa_rss(spec: Spec, use_graph: bool) -> dict | None:
+    """rss_child's report for `spec` in eager or graph mode, from a fresh Python process that does not import torch
+    (both modes pay the same imports); None where /proc is missing or the child fails."""
+    if not os.path.exists("/proc/self/status"):
+        return None
+    module = os.path.splitext(spec.script)[0]
+    code = f"import _trainbench, {module}; _trainbench.rss_child({module}.spec(), {use_graph})"
+    env = dict(os.environ, SINGA_BENCH_NO_TORCH="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                             check=True).stdout
+        report = json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return report if report.get("title") == spec.title else None
+
+
 def time_interleaved(steppers: dict[str, tuple[Callable, Callable]], warmup: int, repeat: int,
                      number: int) -> dict[str, list[float]]:
     """Seconds per step of each round of `number` steps, per contestant {name: (step, sync)}.
@@ -188,6 +242,13 @@ def time_interleaved(steppers: dict[str, tuple[Callable, Callable]], warmup: int
             sync()
             rounds[name].append((time.perf_counter() - t0) / number)
     return rounds
+
+
+def _rss_cells(r: Result) -> list:
+    """The two peak-RSS cells of a row (None where not measured)."""
+    if r.rss is None:
+        return [None, None]
+    return [r.rss.get("first"), r.rss.get("steady")]
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
@@ -214,6 +275,9 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     # Losses and peak memory, one model at a time.
     res = {"singa eager": singa_losses_and_peak(spec, dev, False, init, batches, n_loss),
            "singa graph": singa_losses_and_peak(spec, dev, True, init, batches, n_loss)}
+    if not quick:
+        for mode, use_graph in (("singa eager", False), ("singa graph", True)):
+            res[mode].rss = singa_rss(spec, use_graph)
     if have_torch:
         ref_step = torch_stepper(spec, init, batches)
         res["torch"] = Result([float(ref_step(i)) for i in range(n_loss)])
@@ -241,7 +305,8 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         title=spec.title,
         script=spec.script,
         headers=["framework / mode", "step mean (ms)", "best round (ms)", "vs torch (mean)", "vs torch (best)",
-                 "peak memory (MiB)", f"loss max rel. diff vs torch, steps 1-{EARLY_STEPS}", f"steps 1-{n_loss}",
+                 "peak memory (MiB)", "peak RSS, step 1 (MiB)", "peak RSS, later steps (MiB)",
+                 f"loss max rel. diff vs torch, steps 1-{EARLY_STEPS}", f"steps 1-{n_loss}",
                  f"vs torch float64, steps 1-{EARLY_STEPS}", f"steps 1-{n_loss}"],
     )
     ref = res.get("torch")
@@ -253,7 +318,7 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         best = None if r.step_best is None else r.step_best * 1e3
         mib = None if r.peak_bytes is None else r.peak_bytes / 2**20
         return [label, ms, best, ratio(r.step_s, ref.step_s) if ref else None,
-                ratio(r.step_best, ref.step_best) if ref else None, mib, *loss_diffs(r, diff_to),
+                ratio(r.step_best, ref.step_best) if ref else None, mib, *_rss_cells(r), *loss_diffs(r, diff_to),
                 *loss_diffs(r, f64)]
 
     table.rows += [row("singa eager", "singa eager", ref), row("singa graph", "singa graph", ref)]
@@ -263,8 +328,10 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
     for k in nudged:
         table.rows.append(row(k, f"torch, weights + {nudge:g}·N(0,1), draw {k.split()[-1]}", ref))
     e, g = res["singa eager"], res["singa graph"]
+    rss_ratios = [ratio(a, b) if a is not None and b is not None else None
+                  for a, b in zip(_rss_cells(g), _rss_cells(e))]
     table.rows.append(["singa graph / eager", None, None, ratio(g.step_s, e.step_s), ratio(g.step_best, e.step_best),
-                       ratio(g.peak_bytes, e.peak_bytes), *loss_diffs(g, e), None, None])
+                       ratio(g.peak_bytes, e.peak_bytes), *rss_ratios, *loss_diffs(g, e), None, None])
     threads = f"torch {torch.get_num_threads()} threads" if torch is not None else "torch not installed"
     warmup, repeat, number = timing
     table.notes.append(
@@ -273,7 +340,10 @@ def measure(spec: Spec, quick: bool, nudge: float | None = None) -> Table:
         f"with the batch copied into the placeholders). Step time: {repeat} rounds of {number} steps each after "
         f"{warmup} warm-up steps, singa eager, singa graph and torch taking turns round by round; mean and fastest "
         "round, per step. Peak memory: the singa device pool's bytes in use over steady-state steps (parameters, "
-        f"optimizer state, activations, the graph's planned arena), each mode alone. Loss: the {n_loss} losses "
+        "optimizer state, activations, the graph's planned arena), each mode alone. Peak RSS: the high-water mark of "
+        "the resident memory of a fresh process (no torch imported) that runs one mode, as a user's tools report "
+        f"it: after the first step (graph mode records that step, eagerly), then over {PEAK_STEPS} more steps with "
+        f"the mark reset after the first (/proc/self/clear_refs). Loss: the {n_loss} losses "
         "of singa and torch from the same initial weights (singa's, copied into torch) on the same batches "
         f"({data_desc}); the last row compares graph with eager mode.")
     paired = [g / e for g, e in zip(rounds["singa graph"], rounds["singa eager"])]
