@@ -316,24 +316,32 @@ def test_half_precision_graph_equals_eager(dev):
 def test_graph_peak_memory_is_lower(dev):
     """Activations over 1 MiB: eager allocates each rounded up to a power of two; the planned arena packs them."""
     data = _cnn_data(4, batch=64, size=28, classes=10, seed=4)
-    peaks = {}
-    for use_graph in (False, True):
-        gc.collect()
-        dev.set_rand_seed(0)
-        m = CNN(channels=6, dropout=0.0, num_classes=10)
-        m.optimizer = opt.SGD(0.05, momentum=0.9)
-        tx, ty = Tensor((64, 1, 28, 28), dev), Tensor((64,), dev, tensor.int32)
-        base = dev.pool.bytes_in_use
-        m.compile([tx], use_graph=use_graph)
-        for i, (x, y) in enumerate(data):
-            if i == 1:  # after the first (recording) step
-                dev.pool.reset_peak()
-            tx.copy_from_numpy(x)
-            ty.copy_from_numpy(y)
-            m(tx, ty)
-        peaks[use_graph] = dev.pool.peak_bytes - base
-        del m, tx, ty
+
+    def make_model():
+        return CNN(channels=6, dropout=0.0, num_classes=10)
+
+    peaks = {use_graph: _steady_peak(dev, make_model, lambda: opt.SGD(0.05, momentum=0.9), data, use_graph)
+             for use_graph in (False, True)}
     assert peaks[True] < 0.9 * peaks[False], peaks
+
+
+def _steady_peak(dev, make_model, make_opt, data, use_graph):
+    """The device pool's peak bytes in use over the steps after the first (the recording one in graph mode), above
+    what was in use before the model."""
+    gc.collect()
+    dev.set_rand_seed(0)
+    m = make_model()
+    m.optimizer = make_opt()
+    tx, ty = Tensor(data[0][0].shape, dev), Tensor(data[0][1].shape, dev, tensor.int32)
+    base = dev.pool.bytes_in_use
+    m.compile([tx], use_graph=use_graph)
+    for i, (x, y) in enumerate(data):
+        if i == 1:
+            dev.pool.reset_peak()
+        tx.copy_from_numpy(x)
+        ty.copy_from_numpy(y)
+        m(tx, ty)
+    return dev.pool.peak_bytes - base
 
 
 class _TrainResNet(model.Model):
@@ -403,21 +411,7 @@ def test_graph_recomputes_batchnorm_relu_outputs_exactly(dev, monkeypatch):
     peaks = {}
     for recompute in (False, True):
         monkeypatch.setattr(graph, "_RECOMPUTE", recompute)
-        gc.collect()
-        dev.set_rand_seed(0)
-        m = _TrainResNet()
-        m.optimizer = make_opt()
-        tx, ty = Tensor(data[0][0].shape, dev), Tensor(data[0][1].shape, dev, tensor.int32)
-        base = dev.pool.bytes_in_use
-        m.compile([tx], use_graph=True)
-        for i, (x, y) in enumerate(data):
-            if i == 1:
-                dev.pool.reset_peak()
-            tx.copy_from_numpy(x)
-            ty.copy_from_numpy(y)
-            m(tx, ty)
-        peaks[recompute] = dev.pool.peak_bytes - base
-        del m, tx, ty
+        peaks[recompute] = _steady_peak(dev, _TrainResNet, make_opt, data, use_graph=True)
     assert peaks[True] < peaks[False], peaks
 
 
