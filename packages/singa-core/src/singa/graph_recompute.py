@@ -66,7 +66,8 @@ class _Recompute:
         return rs[0]
 
     def _changed(self, keys: set[int], start: int, end: int) -> bool:
-        return any(w for k in keys for w in self.writers.get(k, ()) if start < w < end)
+        """Some call strictly between `start` and `end` writes one of `keys`."""
+        return any(start < w < end for k in keys for w in self.writers.get(k, ()))
 
     def _normalises(self, i: int) -> bool:
         """Call i is a forward batchnorm_train of float32 or float64 data with statistics of that dtype (where
