@@ -37,6 +37,7 @@ import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
 from singa.backend import View
@@ -658,19 +659,27 @@ def _batchnorm_train(y, running_mean, running_var, saved_mean, saved_invstd, x, 
                     I64(y.offset), coef.handle.arg))
 
 
-def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
-    views = (y, x, scale, bias, mean, var)
-    _float_views("batchnorm_infer", views, x)
+def _bn_map(name: str, symbol: str, y, x, vectors: tuple, last: Callable[[Any], bytes]) -> None:
+    """y = a per-channel affine map of x: kernel `symbol` of batchnorm.cl over every element, given the four
+    per-channel `vectors` and a last argument `last(device)`."""
+    views = (y, x, *vectors)
     x = _contiguous(x)
-    n, c, s = _bn_dims("batchnorm_infer", x, views)
+    n, c, s = _bn_dims(name, x, views)
     total = n * c * s
     if total == 0:
         return
     dev = x.buffer.device
-    vecs = [_Vec(v, _vec_dtype(x)) for v in (scale, bias, mean, var)]  # alive until the launch is queued
-    dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_infer"), total,
+    # the converted or moved copies stay referenced until the launch is queued: freed earlier, another thread could
+    # take and overwrite their memory before the kernel reads it
+    vecs = [_Vec(v, _vec_dtype(x)) for v in vectors]
+    dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", symbol), total,
                (I64(total), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset),
-                *_vec_args(*vecs), _acc(dev, eps)))
+                *_vec_args(*vecs), last(dev)))
+
+
+def _batchnorm_infer(y, x, scale, bias, mean, var, eps=1e-5) -> None:
+    _float_views("batchnorm_infer", (y, x, scale, bias, mean, var), x)
+    _bn_map("batchnorm_infer", "sg_bn_infer", y, x, (scale, bias, mean, var), lambda dev: _acc(dev, eps))
 
 
 def _batchnorm_apply(y, x, scale, bias, saved_mean, saved_invstd, activation="none") -> None:
@@ -679,18 +688,8 @@ def _batchnorm_apply(y, x, scale, bias, saved_mean, saved_invstd, activation="no
     if activation not in ("none", "relu"):
         raise ValueError(f"{backend_of(views)} kernel batchnorm_apply: activation {activation!r}, expected 'none' or "
                          "'relu'")
-    x = _contiguous(x)
-    n, c, s = _bn_dims("batchnorm_apply", x, views)
-    total = n * c * s
-    if total == 0:
-        return
-    dev = x.buffer.device
-    # the converted or moved copies stay referenced until the launch is queued: freed earlier, another thread could
-    # take and overwrite their memory before the kernel reads it
-    vecs = [_Vec(v, _vec_dtype(x)) for v in (scale, bias, saved_mean, saved_invstd)]
-    dev.launch(dev.kernel(f"bn:{SUFFIX[x.dtype]}", "sg_bn_apply_saved"), total,
-               (I64(total), I64(c), I64(s), x.buffer.handle.arg, I64(x.offset), y.buffer.handle.arg, I64(y.offset),
-                *_vec_args(*vecs), I32(1 if activation == "relu" else 0)))
+    relu = I32(1 if activation == "relu" else 0)
+    _bn_map("batchnorm_apply", "sg_bn_apply_saved", y, x, (scale, bias, saved_mean, saved_invstd), lambda dev: relu)
 
 
 def _layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> None:
