@@ -155,6 +155,69 @@ def test_fused_residual_and_relu_match_float64_on_every_provider(layer, setting,
         assert fused == {onednn.BLOCKED if setting == "1" else onednn.PLAIN}, onednn.choices()
 
 
+# batch-1 layers where oneDNN 3.2 has brgemm-based forward kernels on NHWC (dense 3x3 and 1x1, depthwise: brdgmm)
+NHWC_LAYERS = [(1, 64, 14, 64, 3, 1, 1, 1), (1, 32, 15, 64, 3, 2, 1, 1), (1, 64, 8, 128, 1, 1, 0, 1),
+               (1, 48, 9, 48, 3, 1, 1, 48)]
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="oneDNN's wheel is x86-64 Linux only")
+@pytest.mark.parametrize("layer", NHWC_LAYERS, ids=[f"{c}-{k}x{kk}-s{s}-g{g}" for _, c, _, k, kk, s, _, g in
+                                                   NHWC_LAYERS])
+def test_channels_last_forward_plans_match_float64(layer, monkeypatch):
+    # the blocked provider's forward on NCHW operands, run channels last (reordered to NHWC for oneDNN's brgemm
+    # kernels): bias, residual and ReLU post-ops, and constant weights whose reordered copy is kept
+    from singa import backend, ops
+
+    monkeypatch.setenv(onednn.SETTING, "1")  # the blocked provider, whatever the timings
+    chosen = []
+
+    def channels_last(plan):
+        chosen.append(plan(True))
+        return True, chosen[-1]
+
+    monkeypatch.setattr(onednn, "_choose_channels_last", channels_last)
+    x, w, b, r, ref = layer_operands(layer)
+    stride, pad, groups = layer[5:]
+    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
+    y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups)
+    np.testing.assert_allclose(tensor.to_numpy(y), ref, rtol=1e-4, atol=1e-4)
+    backend.declare_constant([tw.buffer])
+    try:
+        for _ in range(2):  # the second call reuses the plan and the kept weights
+            for residual, activation in ((tr, "relu"), (None, "relu"), (tr, "none")):
+                y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, residual=residual, activation=activation)
+                want = ref + (r if residual is not None else 0)
+                want = np.maximum(want, 0) if activation == "relu" else want
+                np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-4)
+    finally:
+        backend.release_constant([tw.buffer])
+    assert chosen
+    assert all(p.impl.startswith(("brg", "brdgmm")) for p in chosen), [p.impl for p in chosen]
+    assert set(onednn.choices().values()) == {onednn.BLOCKED}
+
+
+def test_channels_last_is_chosen_only_by_measurement_under_auto(monkeypatch):
+    # SINGA_ONEDNN=1 promises the same kernels every run: no timing, never NHWC; auto times both plans once per shape
+    x, w, b, r, ref = layer_operands(NHWC_LAYERS[0])
+    tx, tw, tb = (tensor.from_numpy(a, DEV) for a in (x, w, b))
+    from singa import ops
+
+    monkeypatch.setenv(onednn.SETTING, "1")
+    np.testing.assert_allclose(tensor.to_numpy(ops.conv2d(tx, tw, tb, 1, 1)), ref, rtol=1e-4, atol=1e-4)
+    if X86_LINUX:
+        assert set(onednn._channels_last.values()) == {False}
+    onednn.reset()
+    monkeypatch.setenv(onednn.SETTING, "auto")
+    measured = []
+    real = onednn._choose_channels_last
+    monkeypatch.setattr(onednn, "_choose_channels_last", lambda plan: measured.append(1) or real(plan))
+    for _ in range(3):
+        np.testing.assert_allclose(tensor.to_numpy(ops.conv2d(tx, tw, tb, 1, 1)), ref, rtol=1e-4, atol=1e-4)
+    if X86_LINUX:
+        assert len(measured) == 1
+        assert len(onednn._channels_last) == 1
+
+
 def test_auto_decides_once_per_shape_and_keeps_the_result_right(monkeypatch):
     from singa_backend_cpu.table import kernels as K
 

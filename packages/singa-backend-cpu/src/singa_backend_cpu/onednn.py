@@ -7,8 +7,9 @@ reached through cffi in ABI mode, so nothing here is compiled. It runs on GNU Op
 kernels use: one thread pool in the process, sized by the same `set_num_threads`.
 
 Three providers can run a convolution: oneDNN with the operands reordered into the blocked layouts it prefers and
-back (its direct kernels), oneDNN reading and writing NCHW where it lies (its GEMM-based kernels), and the backend's
-own C kernel. `SINGA_ONEDNN` picks, read when a shape is first seen:
+back (its direct kernels; for a forward convolution, NHWC and its brgemm-based kernels instead where those are
+clearly faster, measured once per shape), oneDNN reading and writing NCHW where it lies (its GEMM-based kernels),
+and the backend's own C kernel. `SINGA_ONEDNN` picks, read when a shape is first seen:
   - `auto` (default): for each new shape, time each provider (three turns each) and keep the fastest, the blocked
     layout unless another is 10% faster (once per process);
   - `1`: oneDNN, blocked where it builds (results reproducible run to run); `nchw`: oneDNN on NCHW;
@@ -114,6 +115,7 @@ dnnl_status_t dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t
 F32 = 3  # dnnl_f32
 TAG_ANY, TAG_A, TAG_ABCD, TAG_ABCDE = 1, 2, 5, 6
 TAG_BLOCKED = {16: 78, 8: 102}  # channel blocks of B: dnnl_aBcd16b, dnnl_aBcd8b (N, C/B, H, W, B)
+TAG_ACDB = 22  # dnnl_acdb: channels last (N, H, W, C), the activation layout of oneDNN's brgemm-based kernels
 FORWARD_TRAINING, FORWARD_INFERENCE, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 96, 160, 192
 POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
 CONVOLUTION_DIRECT = 1
@@ -256,6 +258,7 @@ class _Plan:
         self.lib, self.what = lib, what
         self.keep: list[Any] = []  # descriptors, primitives and memories the plan owns
         self.user: list[Any] = []
+        self.user_bytes: list[int] = []  # the size of each of `user` (scratch operands for timing a plan)
         self.temps: list[Any] = []
         self.offsets: list[int] = []
         self.arena_bytes = 0
@@ -321,7 +324,13 @@ class _Plan:
     def user_memory(self, md):
         mem = self._memory(md)
         self.user.append(mem)
+        self.user_bytes.append(int(self.lib.lib.dnnl_memory_desc_get_size(md)))
         return mem
+
+    def output_first(self) -> None:
+        """Move the last user memory made (the operation's output) to the front: callers pass the output first."""
+        self.user.insert(0, self.user.pop())
+        self.user_bytes.insert(0, self.user_bytes.pop())
 
     def temp_memory(self, md):
         mem = self._memory(md)
@@ -454,32 +463,42 @@ def _conv_dims(g) -> dict[str, list]:
             "pad_l": [g.pt, g.pl], "pad_r": [g.pb, g.pr]}
 
 
-def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool, post: tuple = NO_POST, tags: tuple | None = None):
+def _forward_pd(plan: _Plan, g, bias: bool, blocked: bool, post: tuple = NO_POST, tags: tuple | None = None,
+                prop: int = FORWARD_TRAINING):
     """The forward primitive descriptor; `tags`: the activations' (x, y) layouts, else oneDNN's pick (`blocked`)
-    or the caller's NCHW."""
+    or the caller's NCHW; `prop`: FORWARD_INFERENCE admits kernels that FORWARD_TRAINING does not (oneDNN 3.2's
+    brgemm-based float32 convolutions), with the same results: a convolution keeps nothing for its backward."""
     d, lib = _conv_dims(g), plan.lib
     ffi = lib.ffi
     wtag = TAG_ABCD if g.G == 1 else TAG_ABCDE
     act = TAG_ANY if blocked else TAG_ABCD
     x_tag, y_tag = tags or (act, act)
     b_any = plan.md([g.K], TAG_ANY) if bias else ffi.NULL
-    pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, FORWARD_TRAINING,
+    pd = plan.pd(lib.lib.dnnl_convolution_forward_primitive_desc_create, lib.engine, prop,
                  CONVOLUTION_DIRECT, plan.md(d["x"], x_tag), plan.md(d["w"], TAG_ANY), b_any,
                  plan.md(d["y"], y_tag), ffi.new("dnnl_dims_t", d["strides"]), ffi.new("dnnl_dims_t", d["dilates"]),
                  ffi.new("dnnl_dims_t", d["pad_l"]), ffi.new("dnnl_dims_t", d["pad_r"]), plan.post_ops(post))
     return pd, d, wtag, act
 
 
-def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, blocks: tuple = (0, 0)) -> _Plan:
+def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, blocks: tuple = (0, 0),
+               channels_last: bool = False) -> _Plan:
     """A plan for convolution `kind`; `blocked`: activations in the layout oneDNN prefers (reordered from and to
     NCHW around the operation), else read and written as NCHW where they are (oneDNN's GEMM-based kernels);
     `post` (conv2d_fused): (residual, relu), oneDNN's sum and ReLU post-ops; `blocks` (forward only): the caller's
-    x and y (with the residual) in channel blocks of that size (0: NCHW), run in that layout where oneDNN can."""
+    x and y (with the residual) in channel blocks of that size (0: NCHW), run in that layout where oneDNN can;
+    `channels_last` (forward only): the activations reordered to and from NHWC for oneDNN's brgemm-based kernels
+    (OneDnnError where none builds for the shape)."""
     lib = library()
     plan = _Plan(lib, f"{kind} of x {g.N}x{g.C}x{g.H}x{g.W}, w {g.K}x{g.Cg}x{g.kh}x{g.kw}, groups {g.G}")
     user = tuple(TAG_BLOCKED[b] if b else TAG_ABCD for b in blocks)  # the caller's layouts of x and y
     fwd = None
-    if blocks != (0, 0):
+    if channels_last:
+        fwd, d, wtag, act = _forward_pd(plan, g, bias, True, post, (TAG_ACDB, TAG_ACDB), FORWARD_INFERENCE)
+        plan.describe(fwd)
+        if not plan.impl.startswith(("brg", "brdgmm")):
+            raise OneDnnError(f"oneDNN has no brgemm-based kernel for {plan.what} (its pick: {plan.impl})")
+    elif blocks != (0, 0):
         try:  # the kernels for the caller's layout, so that nothing is reordered; else oneDNN's pick and reorders
             fwd, d, wtag, act = _forward_pd(plan, g, bias, blocked, post,
                                             tuple(t if b else TAG_ANY for t, b in zip(user, blocks)))
@@ -508,7 +527,7 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, b
         y_md = plan.md(d["y"], user[1])
         dst = plan.operand_out(y_md, q(pd, Q_DST, 0), after)
         args.append((ARG_DST, dst))
-        plan.user.insert(0, plan.user.pop())  # y's memory first, as the caller passes it (out, x, w, b, residual)
+        plan.output_first()  # y's memory first, as the caller passes it (out, x, w, b, residual)
         if post[0]:  # the sum post-op adds what dst holds: the residual, copied (reordered) there first
             residual = plan.user_memory(y_md)
             if dst is plan.user[0]:  # the same layout: a parallel memcpy (oneDNN's own copy is its slow generic one)
@@ -524,7 +543,7 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, b
         dy = plan.operand_in(plan.md(d["y"], TAG_ABCD), q(pd, Q_DIFF_DST, 0))
         w = plan.operand_in(plan.md(d["w"], wtag), q(pd, Q_WEIGHTS, 0))
         dx = plan.operand_out(dx_user_md, q(pd, Q_DIFF_SRC, 0), after)
-        plan.user.insert(0, plan.user.pop())  # dx's memory first, as the caller passes it
+        plan.output_first()  # dx's memory first, as the caller passes it
         args = [(ARG_DIFF_DST, dy), (ARG_WEIGHTS, w), (ARG_DIFF_SRC, dx)]
     elif kind == "conv2d_backward_weight":
         pd = plan.pd(lib.lib.dnnl_convolution_backward_weights_primitive_desc_create, lib.engine,
@@ -533,7 +552,7 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, b
         dy = plan.operand_in(plan.md(d["y"], TAG_ABCD), q(pd, Q_DIFF_DST, 0))
         x = plan.operand_in(plan.md(d["x"], TAG_ABCD), q(pd, Q_SRC, 0))
         dw = plan.operand_out(plan.md(d["w"], wtag), q(pd, Q_DIFF_WEIGHTS, 0), after)
-        plan.user.insert(0, plan.user.pop())  # dw first
+        plan.output_first()  # dw first
         args = [(ARG_DIFF_DST, dy), (ARG_SRC, x), (ARG_DIFF_WEIGHTS, dw)]
     else:
         raise ValueError(f"oneDNN provider: no plan for {kind!r}")
@@ -579,7 +598,7 @@ OWN, BLOCKED, PLAIN = "own", "onednn", "onednn-nchw"  # the providers a shape ca
 ROUNDS = 3  # timed turns per provider when a shape is first met (SINGA_ONEDNN=auto)
 MARGIN = 0.1  # how much faster than oneDNN's blocked layout another provider must be to be chosen
 _choices: dict[tuple, str] = {}  # shape key -> provider (decided once per process)
-_choice_lock = threading.Lock()
+_choice_lock = threading.RLock()  # re-entered: _decide builds plans, whose forward layout is decided under it
 
 
 def _best_of(fn: Callable[[], None], runs: int = 2) -> float:
@@ -638,6 +657,12 @@ def conv_blocked(kind: str, g, views: tuple, addresses: list[int], blocks: tuple
 def chosen(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> str | None:
     """The provider `conv` settled on for this convolution (OWN, BLOCKED or PLAIN), None before its first call."""
     return _choices.get((kind, tuple(g.as_list()), bias, post))
+
+
+def channels_last(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> bool:
+    """Whether the blocked provider runs this forward convolution on NCHW operands channels last (NHWC)."""
+    with _choice_lock:
+        return bool(_channels_last.get((kind, tuple(g.as_list()), bias, post)))
 
 
 def bound_conv(kind: str, g, views: tuple, addresses: list[int], slow: Callable[[], None], weights: Any = None,
@@ -903,9 +928,63 @@ def _plan(kind: str, g, key: tuple, blocked: bool, threads: int) -> _Plan:
     if plan is None:
         post = key[3] if blocked else NO_POST  # oneDNN's NCHW kernels with post-ops are slower than without
         blocks = key[4] if len(key) > 4 else (0, 0)
-        plan = _thread.plans[pkey] = _conv_plan(kind, g, key[2], blocked, post, blocks)
+        if blocked and blocks == (0, 0) and kind in ("conv2d", "conv2d_fused"):
+            plan = _blocked_forward(kind, g, key, post)
+        else:
+            plan = _conv_plan(kind, g, key[2], blocked, post, blocks)
         plan.tail = post != key[3]
+        _thread.plans[pkey] = plan
     return plan
+
+
+_channels_last: dict[tuple, bool] = {}  # forward key -> whether its blocked plan runs on NHWC (decided once)
+
+
+def _blocked_forward(kind: str, g, key: tuple, post: tuple) -> _Plan:
+    """The blocked provider's forward plan for NCHW operands (`key`): reordered to oneDNN's channel blocks for its
+    `jit` direct kernels, or to channels last (NHWC) for its brgemm-based kernels where those are faster for the
+    shape (small batches: ~1.2x at batch 1 on ResNet's 56x56 and 28x28 layers with AVX-512, reorders included).
+    Callers that keep their activations in channel blocks (conv_blocked) are not offered NHWC: a reorder each way
+    costs most of the gain."""
+    def plan(channels_last: bool) -> _Plan:
+        return _conv_plan(kind, g, key[2], True, post, channels_last=channels_last)
+
+    with _choice_lock:
+        nhwc = _channels_last.get(key)
+        if nhwc is None:
+            nhwc, picked = _choose_channels_last(plan)
+            _channels_last[key] = nhwc
+            if picked is not None:
+                return picked
+    return plan(nhwc)
+
+
+def _choose_channels_last(plan: Callable[[bool], _Plan]) -> tuple[bool, _Plan | None]:
+    """(whether to run channels last, a plan already built for that choice or None): under SINGA_ONEDNN=auto, the
+    two plans timed in turns on zeroed scratch operands, NHWC only when clearly faster; otherwise never (`1`
+    promises the same kernels on every run)."""
+    if mode() != "auto":
+        return False, None
+    default = plan(False)
+    try:
+        other = plan(True)
+    except OneDnnError:
+        return False, default
+    ffi = default.lib.ffi
+    runs = []
+    for p in (default, other):
+        buffers = [ffi.new("char[]", max(n, 1)) for n in p.user_bytes]
+        addresses = [int(ffi.cast("uintptr_t", b)) for b in buffers]
+        runs.append((p, buffers, addresses))
+    times = [float("inf")] * 2
+    for p, _, addresses in runs:
+        p.run(addresses, _thread)  # a first run each: oneDNN finishes its just-in-time code, caches warm up
+    for _ in range(ROUNDS):  # the two take turns, so that a change of load hits them alike
+        for i, (p, _, addresses) in enumerate(runs):
+            times[i] = min(times[i], _best_of(lambda: p.run(addresses, _thread), 1))  # noqa: B023 (called here)
+    if times[1] < (1.0 - MARGIN) * times[0]:
+        return True, other
+    return False, default
 
 
 def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
@@ -965,6 +1044,7 @@ def reset() -> None:
     global _block
     with _choice_lock:
         _choices.clear()
+        _channels_last.clear()
     _unbuildable.clear()
     _block = None
     with _weights_lock:
