@@ -54,7 +54,6 @@ from singa.autograd_engine import (  # noqa: F401 - private names, re-exported f
     _is_float,
     _loss_shape,
     _NoGrad,
-    _op_ids,
     _op_next,
     _OperatorType,
     _pending_outputs,
