@@ -85,6 +85,28 @@ def layer_operands(layer):
     return x, w, b, RNG.standard_normal(ref.shape).astype(np.float32), ref
 
 
+def check_fused_calls(layer):
+    """conv2d with bias, then conv2d_fused with a residual and/or ReLU twice over (the second time on the plans and
+    on the reordered weights kept while they are declared constant), each against float64."""
+    from singa import backend, ops
+
+    x, w, b, r, ref = layer_operands(layer)
+    stride, pad, groups = layer[5:]
+    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
+    y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups)
+    np.testing.assert_allclose(tensor.to_numpy(y), ref, rtol=1e-4, atol=1e-4)
+    backend.declare_constant([tw.buffer])
+    try:
+        for _ in range(2):
+            for residual, activation in ((tr, "relu"), (tr, "none"), (None, "relu")):
+                y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, residual=residual, activation=activation)
+                want = ref + (r if residual is not None else 0)
+                want = np.maximum(want, 0) if activation == "relu" else want
+                np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-4)
+    finally:
+        backend.release_constant([tw.buffer])
+
+
 # ResNet, VGG and MobileNet layer shapes (batch kept small): (N, C, H, K, k, stride, pad, groups)
 LAYERS = [
     (4, 3, 32, 64, 3, 1, 1, 1),     # first layer, three channels
@@ -134,22 +156,8 @@ def test_layer_shapes_match_float64_forward_and_gradients(layer, monkeypatch):
 def test_fused_residual_and_relu_match_float64_on_every_provider(layer, setting, monkeypatch):
     # conv2d_fused: oneDNN's sum and ReLU post-ops in the blocked layout, the add and relu kernels after oneDNN's NCHW
     # kernels and after our own; also with the weights declared constant (their reordered copy kept)
-    from singa import backend, ops
-
     monkeypatch.setenv(onednn.SETTING, setting)
-    x, w, b, r, ref = layer_operands(layer)
-    stride, pad, groups = layer[5:]
-    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
-    backend.declare_constant([tw.buffer])
-    try:
-        for _ in range(2):  # the second call reuses the plan, and the kept weights
-            for residual, activation in ((tr, "relu"), (tr, "none"), (None, "relu")):
-                y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, residual=residual, activation=activation)
-                want = ref + (r if residual is not None else 0)
-                want = np.maximum(want, 0) if activation == "relu" else want
-                np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-4)
-    finally:
-        backend.release_constant([tw.buffer])
+    check_fused_calls(layer)
     if X86_LINUX and setting in ("1", "nchw"):
         fused = {v for key, v in onednn.choices().items() if key[0] == "conv2d_fused"}
         assert fused == {onednn.BLOCKED if setting == "1" else onednn.PLAIN}, onednn.choices()
@@ -166,8 +174,6 @@ NHWC_LAYERS = [(1, 64, 14, 64, 3, 1, 1, 1), (1, 32, 15, 64, 3, 2, 1, 1), (1, 64,
 def test_channels_last_forward_plans_match_float64(layer, monkeypatch):
     # the blocked provider's forward on NCHW operands, run channels last (reordered to NHWC for oneDNN's brgemm
     # kernels): bias, residual and ReLU post-ops, and constant weights whose reordered copy is kept
-    from singa import backend, ops
-
     monkeypatch.setenv(onednn.SETTING, "1")  # the blocked provider, whatever the timings
     chosen = []
 
@@ -176,21 +182,7 @@ def test_channels_last_forward_plans_match_float64(layer, monkeypatch):
         return True, chosen[-1]
 
     monkeypatch.setattr(onednn, "_choose_channels_last", channels_last)
-    x, w, b, r, ref = layer_operands(layer)
-    stride, pad, groups = layer[5:]
-    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (x, w, b, r))
-    y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups)
-    np.testing.assert_allclose(tensor.to_numpy(y), ref, rtol=1e-4, atol=1e-4)
-    backend.declare_constant([tw.buffer])
-    try:
-        for _ in range(2):  # the second call reuses the plan and the kept weights
-            for residual, activation in ((tr, "relu"), (None, "relu"), (tr, "none")):
-                y = ops.conv2d(tx, tw, tb, stride, pad, 1, groups, residual=residual, activation=activation)
-                want = ref + (r if residual is not None else 0)
-                want = np.maximum(want, 0) if activation == "relu" else want
-                np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-4, atol=1e-4)
-    finally:
-        backend.release_constant([tw.buffer])
+    check_fused_calls(layer)
     assert chosen
     assert all(p.impl.startswith(("brg", "brdgmm")) for p in chosen), [p.impl for p in chosen]
     assert set(onednn.choices().values()) == {onednn.BLOCKED}
