@@ -943,7 +943,7 @@ _channels_last: dict[tuple, bool] = {}  # forward key -> whether its blocked pla
 def _blocked_forward(kind: str, g, key: tuple, post: tuple) -> _Plan:
     """The blocked provider's forward plan for NCHW operands (`key`): reordered to oneDNN's channel blocks for its
     `jit` direct kernels, or to channels last (NHWC) for its brgemm-based kernels where those are faster for the
-    shape (small batches: ~1.2x at batch 1 on ResNet's 56x56 and 28x28 layers with AVX-512, reorders included).
+    shape (small batches: ~1.15x at batch 1 on ResNet's 56x56 and 28x28 layers with AVX-512, reorders included).
     Callers that keep their activations in channel blocks (conv_blocked) are not offered NHWC: a reorder each way
     costs most of the gain."""
     def plan(channels_last: bool) -> _Plan:
@@ -970,21 +970,35 @@ def _choose_channels_last(plan: Callable[[bool], _Plan]) -> tuple[bool, _Plan | 
         other = plan(True)
     except OneDnnError:
         return False, default
-    ffi = default.lib.ffi
-    runs = []
-    for p in (default, other):
-        buffers = [ffi.new("char[]", max(n, 1)) for n in p.user_bytes]
-        addresses = [int(ffi.cast("uintptr_t", b)) for b in buffers]
-        runs.append((p, buffers, addresses))
-    times = [float("inf")] * 2
-    for p, _, addresses in runs:
-        p.run(addresses, _thread)  # a first run each: oneDNN finishes its just-in-time code, caches warm up
-    for _ in range(ROUNDS):  # the two take turns, so that a change of load hits them alike
-        for i, (p, _, addresses) in enumerate(runs):
-            times[i] = min(times[i], _best_of(lambda: p.run(addresses, _thread), 1))  # noqa: B023 (called here)
-    if times[1] < (1.0 - MARGIN) * times[0]:
+    times = _timed_in_turns({False: _on_scratch(default), True: _on_scratch(other)})
+    if times[True] < (1.0 - MARGIN) * times[False]:
         return True, other
     return False, default
+
+
+def _on_scratch(plan: _Plan) -> Callable[[], None]:
+    """A run of `plan` on zeroed operands of its own."""
+    ffi = plan.lib.ffi
+    buffers = [ffi.new("char[]", max(n, 1)) for n in plan.user_bytes]
+    addresses = [int(ffi.cast("uintptr_t", b)) for b in buffers]
+
+    def run() -> None:
+        plan.run(addresses, _thread)
+
+    run.operands = buffers  # alive as long as the run
+    return run
+
+
+def _timed_in_turns(runs: dict) -> dict:
+    """Each run's best time over ROUNDS turns, after a first run each (oneDNN finishes its just-in-time code, caches
+    warm up); the runs take turns, so that a change of load hits them alike."""
+    for run in runs.values():
+        run()
+    times = dict.fromkeys(runs, float("inf"))
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            times[name] = min(times[name], _best_of(run, 1))
+    return times
 
 
 def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
@@ -1022,12 +1036,7 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
 
             runs: dict[str, Callable[[], None]] = {n: runner(p) for n, p in plans.items()}
             runs[OWN] = ours
-            for run in runs.values():
-                run()  # a first run each: oneDNN finishes its just-in-time code, caches warm up
-            times = dict.fromkeys(runs, float("inf"))
-            for _ in range(ROUNDS):  # the providers take turns, so that a change of load hits them alike
-                for name, run in runs.items():
-                    times[name] = min(times[name], _best_of(run, 1))
+            times = _timed_in_turns(runs)
             # the blocked layout unless another is clearly faster: a near tie is noise, and blocked scales better
             provider = min(times, key=times.get)
             if BLOCKED in times and times[provider] > (1.0 - MARGIN) * times[BLOCKED]:
