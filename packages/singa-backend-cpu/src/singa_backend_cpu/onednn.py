@@ -954,18 +954,17 @@ def _blocked_forward(kind: str, g, key: tuple, post: tuple) -> _Plan:
         if nhwc is None:
             nhwc, picked = _choose_channels_last(plan)
             _channels_last[key] = nhwc
-            if picked is not None:
-                return picked
+            return picked
     return plan(nhwc)
 
 
-def _choose_channels_last(plan: Callable[[bool], _Plan]) -> tuple[bool, _Plan | None]:
-    """(whether to run channels last, a plan already built for that choice or None): under SINGA_ONEDNN=auto, the
-    two plans timed in turns on zeroed scratch operands, NHWC only when clearly faster; otherwise never (`1`
-    promises the same kernels on every run)."""
-    if mode() != "auto":
-        return False, None
+def _choose_channels_last(plan: Callable[[bool], _Plan]) -> tuple[bool, _Plan]:
+    """(whether to run channels last, the plan for that choice): under SINGA_ONEDNN=auto, the two plans timed in
+    turns on zeroed scratch operands, NHWC only when clearly faster; otherwise never (`1` promises the same kernels
+    on every run)."""
     default = plan(False)
+    if mode() != "auto":
+        return False, default
     try:
         other = plan(True)
     except OneDnnError:
