@@ -758,6 +758,62 @@ def test_conv2d_forward_and_backward(case, dt, onednn_mode, monkeypatch):
     onednn.reset()
 
 
+# 3x3 stride-1 convolutions of 16-channel multiples, which our own float32 kernels run by Winograd F(4x4, 3x3)
+WINOGRAD_CASES = [
+    # N, C, H, W, K, padding (t, l, b, r)
+    (4, 16, 13, 11, 32, (1, 1, 1, 1)),  # planes that are not whole 4x4 tiles
+    (3, 32, 9, 17, 16, (2, 0, 1, 2)),  # uneven padding
+    (2, 48, 32, 32, 64, (0, 0, 0, 0)),
+    (8, 64, 20, 20, 64, (1, 1, 1, 1)),  # several chunks of tiles per thread
+]
+
+
+def _winograd_geometry(case, ref_shape):
+    n, c, h, wd, k, pad = case
+    return ffi.new("int64_t[]", [n, c, h, wd, k, 3, 3, *ref_shape[2:], 1, 1, *pad, 1, 1, 1])
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=[str(i) for i in range(len(WINOGRAD_CASES))])
+@pytest.mark.parametrize("on", [True, False], ids=["winograd", "direct"])
+def test_winograd_convolutions_match_float64(case, on, monkeypatch):
+    from singa_backend_cpu import onednn, table
+    from singa_backend_cpu.device import lib
+
+    monkeypatch.setenv("SINGA_ONEDNN", "0")  # our own kernels
+    onednn.reset()
+    n, c, h, wd, k, pad = case
+    x, w, b = sample(np.float32, (n, c, h, wd)), sample(np.float32, (k, c, 3, 3)), sample(np.float32, (k,))
+    ref = conv_ref(x, w, b, (1, 1), pad, (1, 1), 1)
+    dy = sample(np.float32, ref.shape)
+    dx_ref, _ = conv_grads_ref(x, w, dy, (1, 1), pad, (1, 1), 1)
+    geometry = _winograd_geometry(case, ref.shape)
+    lib.sg_set_winograd(on)
+    try:
+        assert lib.sg_conv2d_winograd(geometry, 0) == on and lib.sg_conv2d_winograd(geometry, 1) == on
+        y, dx = empty(ref.shape, np.float32), empty(x.shape, np.float32)
+        K["conv2d"](y, put(x), put(w), put(b), padding=pad)
+        K["conv2d_backward_data"](dx, put(dy), put(w), padding=pad)
+    finally:
+        lib.sg_set_winograd(table.WINOGRAD)
+    # the transforms add terms up to 8x the inputs' size: Winograd's rounding error is ~10x the direct kernels',
+    # measured up to 1e-5 of the largest output element on these and ResNet's layers
+    for got, want in ((get(y), ref), (get(dx), dx_ref)):
+        scale = float(np.max(np.abs(want)))
+        close(got, want, np.float32, rtol=0, atol=(3e-5 if on else 4e-6) * scale)
+
+
+def test_winograd_is_turned_off_by_singa_winograd_0():
+    code = ("from singa_backend_cpu.device import lib; import singa_backend_cpu.table; "
+            "print(lib.sg_get_winograd())")
+    for setting, want in (("0", "0"), ("1", "1"), (None, "1")):
+        env = {k: v for k, v in os.environ.items() if k != "SINGA_WINOGRAD"}
+        if setting is not None:
+            env["SINGA_WINOGRAD"] = setting
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[-1] == want, (setting, r.stdout)
+
+
 def test_conv2d_rejects_bad_groups():
     with pytest.raises(ValueError, match="conv2d"):
         K["conv2d"](empty((1, 4, 3, 3), np.float32), put(np.zeros((1, 3, 3, 3), np.float32)),

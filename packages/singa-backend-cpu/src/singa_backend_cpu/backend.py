@@ -34,6 +34,8 @@ class CpuBackend(Backend):
             "vector path": _vector_path(),
             "compiler flags": ffi.string(lib.sg_build_flags()).decode(),
             "onednn": onednn.status(),
+            "winograd": "F(4x4, 3x3) for our own float32 3x3 stride-1 convolutions where they fit"
+                        if lib.sg_get_winograd() else "off (SINGA_WINOGRAD=0)",
         }
 
 

@@ -53,6 +53,11 @@ int sg_conv2d_backward_data(int dtype, const char *dy, int64_t dyo, const char *
                             const int64_t *geom);
 int sg_conv2d_backward_weight(int dtype, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dw,
                               int64_t dwo, const int64_t *geom);
+/* winograd.c: float32 3x3 stride-1 convolutions and data gradients by Winograd F(4x4, 3x3) where they fit (on unless
+ * turned off); sg_conv2d_winograd tells whether sg_conv2d (data gradient: sg_conv2d_backward_data) takes that path */
+void sg_set_winograd(int on);
+int sg_get_winograd(void);
+int sg_conv2d_winograd(const int64_t *geom, int data_gradient);
 
 /* pool.c: mode 0 max, 1 avg; geom = N, C, H, W, OH, OW, kh, kw, stride h, w, pad top, left, bottom, right,
  * dilation h, w; idx (int64) may be NULL */

@@ -9,6 +9,7 @@
  * float16 is computed through float32 copies.
  */
 #include "common.h"
+#include "winograd.h"
 
 #define COL_BUDGET (1 << 21) /* elements in one col buffer (8 MiB of float32) */
 #define WIDE_ENOUGH 1024     /* columns beyond which batching images buys gemm nothing more */
@@ -161,6 +162,23 @@ static int dw_threads(const geometry *q, int64_t items) {
 #define SG_REAL_TEMPLATE "conv_real.h"
 #include "real.h"
 
+/* The Winograd form of q's convolution (forward), or of its data gradient's (dy's K channels in, C out, padded by
+ * 2 - pt, 2 - pl: a stride-1 3x3 convolution of dy with the turned weights); 0 where q is no stride-1 3x3 one. */
+static int winograd_form(const geometry *q, int data_gradient, sg_wino *g) {
+    if (q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 || q->G != 1) return 0;
+    if (data_gradient)
+        *g = (sg_wino){q->N, q->K, q->OH, q->OW, q->C, q->H, q->W, 2 - q->pt, 2 - q->pl};
+    else
+        *g = (sg_wino){q->N, q->C, q->H, q->W, q->K, q->OH, q->OW, q->pt, q->pl};
+    return sg_winograd_fits(g);
+}
+
+int sg_conv2d_winograd(const int64_t *geom, int data_gradient) {
+    geometry q;
+    sg_wino g;
+    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, data_gradient, &g);
+}
+
 /* float16: run the float32 kernels on converted copies; float32 and float64 data are used in place */
 static int to_f32(const char *p, int dtype, int64_t n, float **out, int *owned) {
     *out = sg_as_f32(p, dtype, n, owned);
@@ -191,7 +209,9 @@ int sg_conv2d(int dtype, const char *x, int64_t xo, const char *w, int64_t wo, c
     fy = dtype == SG_F32 ? (float *)(y + yo * isz) : (float *)malloc((size_t)ny * sizeof(float));
     oy = dtype != SG_F32;
     if (!fy) { err = SG_ENOMEM; goto done; }
-    err = conv_forward_f32(&q, fx, fw, fb, fy);
+    sg_wino wg;
+    err = winograd_form(&q, 0, &wg) ? sg_winograd_conv(&wg, fx, fw, 0, fb, NULL, 0, fy, 0)
+                                    : conv_forward_f32(&q, fx, fw, fb, fy);
     if (oy) { if (!err) sg_f2h(fy, (sg_half *)(y + yo * isz), ny); free(fy); }
 done:
     if (ox) free(fx);
@@ -223,7 +243,9 @@ int sg_conv2d_backward_data(int dtype, const char *dy, int64_t dyo, const char *
     if (!fdx) {
         err = SG_ENOMEM;
     } else {
-        err = conv_backward_data_f32(&q, fdy, fw, fdx);
+        sg_wino wg;
+        err = winograd_form(&q, 1, &wg) ? sg_winograd_conv(&wg, fdy, fw, 1, NULL, NULL, 0, fdx, 0)
+                                        : conv_backward_data_f32(&q, fdy, fw, fdx);
         if (dtype != SG_F32) { if (!err) sg_f2h(fdx, (sg_half *)dxp, nx); free(fdx); }
     }
     if (ody) free(fdy);
