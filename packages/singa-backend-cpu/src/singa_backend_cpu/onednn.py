@@ -654,6 +654,20 @@ def conv_blocked(kind: str, g, views: tuple, addresses: list[int], blocks: tuple
     return True
 
 
+def slower_than(g, bias: bool, post: tuple, blocks: tuple, other: Callable[[], None]) -> bool:
+    """Whether oneDNN's conv2d_fused plan for operands in channel blocks `blocks` is clearly (MARGIN) slower than
+    `other`, another kernel's run of the same convolution on scratch operands; the plan runs on zeroed operands of its
+    own, the two in turns. True where oneDNN cannot build the plan."""
+    key = ("conv2d_fused", tuple(g.as_list()), bias, post, blocks)
+    with _choice_lock:
+        try:
+            plan = _plan("conv2d_fused", g, key, True, _aligned_threads())
+        except OneDnnError:
+            return True
+        times = _timed_in_turns({BLOCKED: _on_scratch(plan), OWN: other})
+    return times[OWN] < (1.0 - MARGIN) * times[BLOCKED]
+
+
 def chosen(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> str | None:
     """The provider `conv` settled on for this convolution (OWN, BLOCKED or PLAIN), None before its first call."""
     return _choices.get((kind, tuple(g.as_list()), bias, post))

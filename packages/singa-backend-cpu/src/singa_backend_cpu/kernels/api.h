@@ -58,6 +58,13 @@ int sg_conv2d_backward_weight(int dtype, const char *dy, int64_t dyo, const char
 void sg_set_winograd(int on);
 int sg_get_winograd(void);
 int sg_conv2d_winograd(const int64_t *geom, int data_gradient);
+/* ... and in pieces, for callers that keep the transformed weights u (36 * C * K floats) of constant ones: whether
+ * the forward geometry can take the path then; u from w (K, C, 3, 3); y = conv(x, w) + b, plus r (may be NULL, may be
+ * y) and ReLU where `relu`, with x, r and y NCHW or, with `blocked`, in 16-channel blocks (N, C/16, H, W, 16) */
+int sg_winograd_usable(const int64_t *geom);
+int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geom);
+int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,
+                        char *y, int64_t yo, const int64_t *geom, int relu, int blocked);
 
 /* pool.c: mode 0 max, 1 avg; geom = N, C, H, W, OH, OW, kh, kw, stride h, w, pad top, left, bottom, right,
  * dilation h, w; idx (int64) may be NULL */

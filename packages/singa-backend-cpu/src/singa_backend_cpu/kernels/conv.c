@@ -162,10 +162,11 @@ static int dw_threads(const geometry *q, int64_t items) {
 #define SG_REAL_TEMPLATE "conv_real.h"
 #include "real.h"
 
-/* The Winograd form of q's convolution (forward), or of its data gradient's (dy's K channels in, C out, padded by
- * 2 - pt, 2 - pl: a stride-1 3x3 convolution of dy with the turned weights); 0 where q is no stride-1 3x3 one. */
+/* The Winograd form g of q's convolution (forward), or of its data gradient's (dy's K channels in, C out, padded by
+ * 2 - pt, 2 - pl: a stride-1 3x3 convolution of dy with the turned weights), and whether sg_winograd_conv should run
+ * it (sg_winograd_fits); -1 where q is no stride-1 3x3 convolution. */
 static int winograd_form(const geometry *q, int data_gradient, sg_wino *g) {
-    if (q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 || q->G != 1) return 0;
+    if (q->kh != 3 || q->kw != 3 || q->sh != 1 || q->sw != 1 || q->dh != 1 || q->dw != 1 || q->G != 1) return -1;
     if (data_gradient)
         *g = (sg_wino){q->N, q->K, q->OH, q->OW, q->C, q->H, q->W, 2 - q->pt, 2 - q->pl};
     else
@@ -176,7 +177,30 @@ static int winograd_form(const geometry *q, int data_gradient, sg_wino *g) {
 int sg_conv2d_winograd(const int64_t *geom, int data_gradient) {
     geometry q;
     sg_wino g;
-    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, data_gradient, &g);
+    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, data_gradient, &g) > 0;
+}
+
+int sg_winograd_usable(const int64_t *geom) {
+    geometry q;
+    sg_wino g;
+    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, 0, &g) >= 0 && sg_winograd_shape(&g);
+}
+
+int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geom) {
+    geometry q;
+    sg_wino g;
+    if (read_geometry(geom, &q) != SG_OK || winograd_form(&q, 0, &g) < 0 || !sg_winograd_shape(&g)) return SG_EVALUE;
+    sg_winograd_weights((const float *)w + wo, (float *)u, g.C, g.K, 0);
+    return SG_OK;
+}
+
+int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,
+                        char *y, int64_t yo, const int64_t *geom, int relu, int blocked) {
+    geometry q;
+    sg_wino g;
+    if (read_geometry(geom, &q) != SG_OK || winograd_form(&q, 0, &g) < 0 || !sg_winograd_shape(&g)) return SG_EVALUE;
+    return sg_winograd_run(&g, (const float *)x + xo, (const float *)u, b ? (const float *)b + bo : NULL,
+                           r ? (const float *)r + ro : NULL, relu, (float *)y + yo, blocked);
 }
 
 /* float16: run the float32 kernels on converted copies; float32 and float64 data are used in place */
@@ -210,7 +234,7 @@ int sg_conv2d(int dtype, const char *x, int64_t xo, const char *w, int64_t wo, c
     oy = dtype != SG_F32;
     if (!fy) { err = SG_ENOMEM; goto done; }
     sg_wino wg;
-    err = winograd_form(&q, 0, &wg) ? sg_winograd_conv(&wg, fx, fw, 0, fb, NULL, 0, fy, 0)
+    err = winograd_form(&q, 0, &wg) > 0 ? sg_winograd_conv(&wg, fx, fw, 0, fb, NULL, 0, fy, 0)
                                     : conv_forward_f32(&q, fx, fw, fb, fy);
     if (oy) { if (!err) sg_f2h(fy, (sg_half *)(y + yo * isz), ny); free(fy); }
 done:
@@ -244,7 +268,7 @@ int sg_conv2d_backward_data(int dtype, const char *dy, int64_t dyo, const char *
         err = SG_ENOMEM;
     } else {
         sg_wino wg;
-        err = winograd_form(&q, 1, &wg) ? sg_winograd_conv(&wg, fdy, fw, 1, NULL, NULL, 0, fdx, 0)
+        err = winograd_form(&q, 1, &wg) > 0 ? sg_winograd_conv(&wg, fdy, fw, 1, NULL, NULL, 0, fdx, 0)
                                         : conv_backward_data_f32(&q, fdy, fw, fdx);
         if (dtype != SG_F32) { if (!err) sg_f2h(fdx, (sg_half *)dxp, nx); free(fdx); }
     }

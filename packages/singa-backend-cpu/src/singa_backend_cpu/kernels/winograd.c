@@ -32,13 +32,17 @@ int sg_get_winograd(void) { return enabled; }
 
 static int64_t tiles_of(int64_t n) { return (n + 3) / 4; }
 
-int sg_winograd_fits(const sg_wino *g) {
+int sg_winograd_shape(const sg_wino *g) {
     if (!enabled || g->C < 16 || g->K < 16 || g->C % 16 || g->K % 16 || g->OH < 4 || g->OW < 4) return 0;
-    const int64_t per_image = tiles_of(g->OH) * tiles_of(g->OW);
-    /* worth it where the tiles' products are at most half the direct method's (plane edges waste tile parts), and
-     * the transformed weights U (36 C K floats, written and then streamed through once per chunk) are no larger than
-     * the activations: past that (ResNet's 512-channel 4x4 layers) the pass is memory-bound and direct kernels win */
-    return per_image * 36 * 2 <= g->OH * g->OW * 9 && 36 * g->C * g->K <= g->N * (g->C * g->H * g->W + g->K * g->OH * g->OW);
+    /* worth it where the tiles' products are at most half the direct method's (plane edges waste tile parts) */
+    return tiles_of(g->OH) * tiles_of(g->OW) * 36 * 2 <= g->OH * g->OW * 9;
+}
+
+int sg_winograd_fits(const sg_wino *g) {
+    /* ... and where the transformed weights U (36 C K floats, written and then streamed through once per chunk) are
+     * no larger than the activations: past that (ResNet's 512-channel 4x4 layers) the pass is memory-bound and direct
+     * kernels win, unless U is kept from call to call (constant weights: sg_winograd_run's callers) */
+    return sg_winograd_shape(g) && 36 * g->C * g->K <= g->N * (g->C * g->H * g->W + g->K * g->OH * g->OW);
 }
 
 /* r = G g over three vectors g[0], g[s], g[2 s], written to r[0], r[rs], ..., r[5 rs] */
@@ -55,7 +59,7 @@ static inline void weight_rows(const vec *g, int s, vec *r, int rs) {
 /* U[36][Ci][Ko] = G g G^T of each 3x3 kernel g, 16 output channels at a time: from w (Ko, Ci, 3, 3) as is (forward),
  * or with `flip` from w (Ci, Ko, 3, 3) turned by 180 degrees (the data gradient's convolution: dy's channels in, x's
  * out). */
-static void transform_weights(const float *w, float *u, int64_t ci_n, int64_t ko_n, int flip) {
+void sg_winograd_weights(const float *w, float *u, int64_t ci_n, int64_t ko_n, int flip) {
     const int64_t blocks = ci_n * (ko_n / 16);
     const int T = sg_threads_for(blocks * 16, 4096);
 #pragma omp parallel for num_threads(T) schedule(static)
@@ -70,7 +74,7 @@ static void transform_weights(const float *w, float *u, int64_t ci_n, int64_t ko
         for (int j = 0; j < 3; j++) weight_rows(g + j, 3, t + j, 3); /* t (6 x 3) = G g */
         for (int i = 0; i < 6; i++) {                                /* row i of t G^T */
             weight_rows(t + i * 3, 1, r, 1);
-            for (int j = 0; j < 6; j++) *(vec *)(u + ((i * 6 + j) * ci_n + ci) * ko_n + ko0) = r[j];
+            for (int j = 0; j < 6; j++) *(vec_u *)(u + ((i * 6 + j) * ci_n + ci) * ko_n + ko0) = r[j]; /* u: any float alignment */
         }
     }
 }
@@ -193,8 +197,8 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
     }
 }
 
-int sg_winograd_conv(const sg_wino *g, const float *x, const float *w, int flip, const float *b, const float *r,
-                     int relu, float *y, int blocked) {
+int sg_winograd_run(const sg_wino *g, const float *x, const float *u, const float *b, const float *r, int relu,
+                    float *y, int blocked) {
     const int64_t C = g->C, K = g->K, T = g->N * tiles_of(g->OH) * tiles_of(g->OW);
     const int threads = sg_max_threads();
     /* chunks: V and M of one within ~1.5 MiB (a core's L2 on the x86 parts we run on), at least 8 tiles for the
@@ -204,9 +208,6 @@ int sg_winograd_conv(const sg_wino *g, const float *x, const float *w, int flip,
     chunks = sg_min64(T, (chunks + threads - 1) / threads * threads);
     const int64_t tc = (T + chunks - 1) / chunks;
     chunks = (T + tc - 1) / tc;
-    float *u = (float *)aligned_alloc(64, (size_t)(36 * C * K) * sizeof(float));
-    if (!u) return SG_ENOMEM;
-    transform_weights(w, u, C, K, flip);
     int err = SG_OK;
 #pragma omp parallel num_threads((int)sg_min64(threads, chunks))
     {
@@ -224,6 +225,15 @@ int sg_winograd_conv(const sg_wino *g, const float *x, const float *w, int flip,
         free(vb);
         free(mb);
     }
+    return err;
+}
+
+int sg_winograd_conv(const sg_wino *g, const float *x, const float *w, int flip, const float *b, const float *r,
+                     int relu, float *y, int blocked) {
+    float *u = (float *)malloc((size_t)(36 * g->C * g->K) * sizeof(float));
+    if (!u) return SG_ENOMEM;
+    sg_winograd_weights(w, u, g->C, g->K, flip);
+    const int err = sg_winograd_run(g, x, u, b, r, relu, y, blocked);
     free(u);
     return err;
 }

@@ -1,0 +1,150 @@
+"""Winograd F(4x4, 3x3) on operands in 16-channel blocks (singa_backend_cpu.winograd): chosen per shape against
+oneDNN's blocked plan under SINGA_ONEDNN=auto, right against a float64 reference with bias, residual (also the
+output's own bytes) and ReLU, replayed as a bound launch, and with the transformed weights of constant weights kept
+until they are declared again.
+
+(test_cpu_kernels.py checks the NCHW path of our own kernels, which sg_conv2d takes by itself.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from singa import device, graph, ops, tensor
+from singa.backend import declare_constant
+from singa_backend_cpu import onednn, winograd
+
+DEV = device.get_device("cpu")
+RNG = np.random.default_rng(11)
+BLOCKS = (16, 16)
+
+pytestmark = pytest.mark.skipif(DEV.channel_block != 16, reason="no 16-channel blocks on this machine (oneDNN's "
+                                                                "block is 8 on AVX2, none without oneDNN)")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setenv(onednn.SETTING, "auto")
+    onednn.reset()
+    winograd.reset()
+    yield
+    onednn.reset()
+    winograd.reset()
+
+
+def to_blocks(a):
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // 16, 16, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
+
+
+def from_blocks(a):
+    n, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(n, c // 16, h, w, 16).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
+
+
+def conv_ref(x, w, b, pad):
+    """float64 stride-1 cross-correlation, padding (top, left, bottom, right)."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    oh, ow = xp.shape[2] - 2, xp.shape[3] - 2
+    y = np.zeros((x.shape[0], w.shape[0], oh, ow))
+    for i in range(3):
+        for j in range(3):
+            y += np.einsum("nchw,kc->nkhw", xp[:, :, i:i + oh, j:j + ow], w[:, :, i, j].astype(np.float64))
+    return y + b.reshape(1, -1, 1, 1)
+
+
+def operands(n=2, c=32, h=11, k=48, pad=(1, 1, 1, 1)):
+    x = RNG.standard_normal((n, c, h, h + 3)).astype(np.float32)
+    w = (RNG.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    ref = conv_ref(x, w, b, pad)
+    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    return x, w, b, r, ref
+
+
+def close(got, want):
+    # Winograd's rounding: ~10x a direct kernel's, up to ~1e-5 of the largest output element (kernels/winograd.c)
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-5 * float(np.max(np.abs(want))))
+
+
+def choose(monkeypatch, winograd_wins: bool):
+    """Make the measurement's verdict deterministic: Winograd faster than oneDNN's blocked plan, or not."""
+    monkeypatch.setattr(onednn, "slower_than", lambda *a, **k: winograd_wins)
+
+
+@pytest.mark.parametrize("residual", ["none", "separate", "output"])
+@pytest.mark.parametrize("pad", [(1, 1, 1, 1), (0, 2, 1, 0)], ids=["same", "uneven"])
+def test_blocked_convolutions_by_winograd_match_float64(residual, pad, monkeypatch):
+    from singa_backend_cpu.table import kernels as K
+
+    choose(monkeypatch, True)
+    x, w, b, r, ref = operands(pad=pad)
+    tx, tw, tb = (tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b))
+    want = np.maximum(ref + (0 if residual == "none" else r), 0)
+    if residual == "output":  # the residual in the output's own bytes (Device.shares_output_with)
+        tr = tensor.from_numpy(to_blocks(r), DEV)
+        K["conv2d_fused"](tr.data, tx.data, tw.data, tb.data, tr.data, padding=pad, activation="relu", blocks=BLOCKS)
+        got = tensor.to_numpy(tr)
+    else:
+        tr = tensor.from_numpy(to_blocks(r), DEV) if residual == "separate" else None
+        got = tensor.to_numpy(ops.conv2d(tx, tw, tb, 1, pad, 1, 1, residual=tr, activation="relu", blocks=BLOCKS))
+    close(from_blocks(got), want)
+    assert list(winograd.choices().values()) == [True]
+
+
+def test_oneDNN_keeps_the_shapes_where_winograd_is_not_faster(monkeypatch):
+    choose(monkeypatch, False)
+    x, w, b, _, ref = operands()
+    y = ops.conv2d(*(tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b)), 1, 1, blocks=BLOCKS)
+    np.testing.assert_allclose(from_blocks(tensor.to_numpy(y)), ref, rtol=1e-4, atol=1e-4)
+    assert list(winograd.choices().values()) == [False]
+    # oneDNN's blocked plan ran it
+    assert any(pkey[0][0] == "conv2d_fused" and pkey[0][-1] == BLOCKS for pkey in onednn._thread.plans)
+
+
+def test_only_auto_weighs_winograd_for_blocked_operands(monkeypatch):
+    # SINGA_ONEDNN=1 promises oneDNN's kernels on every run (and 0 has no blocked operands at all)
+    choose(monkeypatch, True)
+    monkeypatch.setenv(onednn.SETTING, "1")
+    onednn.reset()
+    x, w, b, _, ref = operands()
+    y = ops.conv2d(*(tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b)), 1, 1, blocks=BLOCKS)
+    np.testing.assert_allclose(from_blocks(tensor.to_numpy(y)), ref, rtol=1e-4, atol=1e-4)
+    assert winograd.choices() == {}
+
+
+def test_shapes_without_a_winograd_form_are_never_timed(monkeypatch):
+    timed = []
+    monkeypatch.setattr(onednn, "slower_than", lambda *a, **k: timed.append(a) or True)
+    x = RNG.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    w = RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    ops.conv2d(tensor.from_numpy(to_blocks(x), DEV), tensor.from_numpy(w, DEV), None, 2, 1, blocks=BLOCKS)
+    assert timed == []
+    assert list(winograd.choices().values()) == [False]
+
+
+def test_replayed_blocked_convolutions_keep_transformed_constant_weights_until_declared_again(monkeypatch):
+    choose(monkeypatch, True)
+    x, w, b, r, _ = operands(n=1, c=16, h=14, k=32)
+    tx, tw, tb, tr = (tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b, to_blocks(r)))
+    declare_constant([tw.buffer])
+    kw = {"residual": tr, "activation": "relu", "blocks": BLOCKS}
+    ops.conv2d(tx, tw, tb, 1, 1, **kw)  # chosen, and the transformed weights kept
+    assert len(winograd._kept) == 1
+    with graph.Recorder(DEV) as rec:
+        y = ops.conv2d(tx, tw, tb, 1, 1, **kw)
+    g = rec.finish()
+    (launch, _, _), = g._exec
+    assert launch.__module__ == winograd.__name__
+    for redeclare in (False, True, False):
+        if redeclare:
+            w = (RNG.standard_normal(w.shape) * 0.1).astype(np.float32)
+            tw.copy_from_numpy(w)
+            declare_constant([tw.buffer])
+        x2, r2 = RNG.standard_normal(x.shape), RNG.standard_normal(r.shape)
+        tx.copy_from_numpy(to_blocks(x2).astype(np.float32))
+        tr.copy_from_numpy(to_blocks(r2).astype(np.float32))
+        g.run()
+        close(from_blocks(tensor.to_numpy(y)), np.maximum(conv_ref(x2, w, b, (1, 1, 1, 1)) + r2, 0))
+    assert len(winograd._kept) == 1  # the first declaration's copy is dropped with its token
