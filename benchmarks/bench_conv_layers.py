@@ -68,8 +68,13 @@ def _provider(kind: str, x_shape: tuple, w_shape: tuple, y_shape: tuple, stride:
         from singa_backend_cpu import onednn
     except ImportError:
         return "n/a"
+    from singa_backend_cpu.device import ffi, lib
+
     g = ConvGeometry("cpu", kind, x_shape, w_shape, y_shape, stride, padding, 1, 1, ())
     provider = onednn.chosen(kind, g) or "n/a"
+    if provider == onednn.OWN and kind != "conv2d_backward_weight" and lib.sg_conv2d_winograd(
+            ffi.new("int64_t[]", g.as_list()), int(kind == "conv2d_backward_data")):
+        return "own-winograd"
     return "onednn-nhwc" if provider == onednn.BLOCKED and onednn.channels_last(kind, g) else provider
 
 
@@ -106,7 +111,9 @@ def run(quick: bool = False) -> Table:
         "for at a time (its oneDNN path, NCHW in and out, like singa's). singa/torch time is a ratio of times: below "
         "1, singa is faster. The provider is the kernel the CPU backend chose for the pass when it first met the shape "
         "(SINGA_ONEDNN=auto): onednn (oneDNN, channel-blocked layout), onednn-nhwc (oneDNN's brgemm kernels on "
-        "channels-last copies, where they were clearly faster: small batches), onednn-nchw (oneDNN on NCHW), own.")
+        "channels-last copies, where they were clearly faster: small batches), onednn-nchw (oneDNN on NCHW), own "
+        "(the backend's kernels), own-winograd (its Winograd F(4x4, 3x3) kernel: 3x3 stride-1 layers of 16-channel "
+        "multiples).")
     table.notes.append(f"Providers: {_providers()}.")
     table.notes.append(benchlib.openmp_note())
     return table

@@ -197,7 +197,9 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
         "weights kept while the inference plan lives, a following Relu and residual Add fused into them "
-        "(FusedConv: oneDNN's post-ops); between convolutions the activations stay in oneDNN's channel-blocked "
+        "(FusedConv: oneDNN's post-ops); 3x3 stride-1 ones of 16-channel multiples may instead run on the "
+        "backend's Winograd F(4x4, 3x3) kernel where it measured faster (its transformed weights kept alike); "
+        "between convolutions the activations stay in oneDNN's channel-blocked "
         "layout through Relu, Add, Concat and pooling (singa_onnx.layout), NCHW only at the graph's edges and "
         "around other operators. Matrix products (fully connected layers, attention) run on oneDNN's "
         "sgemm; depthwise convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "

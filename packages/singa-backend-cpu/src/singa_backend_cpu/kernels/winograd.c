@@ -100,99 +100,170 @@ static inline void output_rows(const vec *m, int s, vec *o, int os) {
     o[3 * os] = q + 8.f * b + m5;
 }
 
-/* The 6x6 patch of 16 channels (c0..c0+15) of image n whose corner is input pixel (ih0, iw0), zero outside. */
-static void load_patch(const sg_wino *g, const float *x, int blocked, int64_t n, int64_t c0, int64_t ih0, int64_t iw0,
-                       vec d[36]) {
-    const int64_t H = g->H, W = g->W;
-    const int inside = ih0 >= 0 && ih0 + 6 <= H && iw0 >= 0 && iw0 + 6 <= W;
-    if (blocked) {
-        const float *xb = x + (n * g->C + c0) * H * W; /* block c0 / 16 of image n: (H, W, 16) */
-        for (int i = 0; i < 6; i++)
-            for (int j = 0; j < 6; j++) {
-                const int64_t ih = ih0 + i, iw = iw0 + j;
-                d[i * 6 + j] = inside || (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                                   ? *(const vec_u *)(xb + (ih * W + iw) * 16) : (vec){0};
+/* r[p][l] = r[l][p] over 16 vectors: four rounds that swap ever smaller off-diagonal blocks. */
+static inline void transpose16(vec r[16]) {
+    static const mask lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                               {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                               {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                               {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const mask hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                               {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                               {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                               {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    for (int round = 0, s = 8; round < 4; round++, s /= 2)
+        for (int i = 0; i < 16; i++)
+            if (!(i & s)) {
+                const vec a = r[i], b = r[i + s];
+                r[i] = __builtin_shuffle(a, b, lo[round]);
+                r[i + s] = __builtin_shuffle(a, b, hi[round]);
             }
-        return;
-    }
-    float *df = (float *)d;
-    const float *xc = x + (n * g->C + c0) * H * W;
-    for (int l = 0; l < 16; l++) {
-        const float *p = xc + l * H * W;
-        if (inside) {
-            p += ih0 * W + iw0;
-            for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 6; j++) df[(i * 6 + j) * 16 + l] = p[i * W + j];
-        } else {
-            for (int i = 0; i < 6; i++)
-                for (int j = 0; j < 6; j++) {
-                    const int64_t ih = ih0 + i, iw = iw0 + j;
-                    df[(i * 6 + j) * 16 + l] = ih >= 0 && ih < H && iw >= 0 && iw < W ? p[ih * W + iw] : 0.f;
+}
+
+/* NCHW input rows ih0 .. ih0 + 5 of one image (x_img: C planes of H x W) as a strip in 16-channel blocks,
+ * (C/16, 6, W, 16), rows outside the image zero: what the tiles of one tile row read, converted once for them all. */
+static void rows_to_strip(const float *x_img, int64_t C, int64_t H, int64_t W, int64_t ih0, float *strip) {
+    for (int64_t c0 = 0; c0 < C; c0 += 16)
+        for (int i = 0; i < 6; i++) {
+            float *dst = strip + (c0 * 6 + i * 16) * W;
+            const int64_t ih = ih0 + i;
+            if (ih < 0 || ih >= H) {
+                memset(dst, 0, (size_t)(W * 16) * sizeof(float));
+                continue;
+            }
+            const float *src = x_img + (c0 * H + ih) * W;
+            int64_t w0 = 0;
+            for (; w0 + 16 <= W; w0 += 16) {
+                vec r[16];
+                for (int l = 0; l < 16; l++) r[l] = *(const vec_u *)(src + l * H * W + w0);
+                transpose16(r);
+                for (int p = 0; p < 16; p++) *(vec_u *)(dst + (w0 + p) * 16) = r[p];
+            }
+            for (; w0 < W; w0++)
+                for (int l = 0; l < 16; l++) dst[w0 * 16 + l] = src[l * H * W + w0];
+        }
+}
+
+/* Output columns lo .. hi - 1 of rows oh0 .. oh0 + rows - 1 of one image from a strip in 16-channel blocks
+ * (K/16, 4, OW, 16) to NCHW (y_img: K planes of OH x OW), plus the residual (r_img, NCHW, may be y_img), then ReLU. */
+static void strip_to_rows(const float *strip, int64_t K, int64_t OH, int64_t OW, int64_t oh0, int rows, int64_t lo,
+                          int64_t hi, float *y_img, const float *r_img, int relu) {
+    for (int64_t k0 = 0; k0 < K; k0 += 16)
+        for (int i = 0; i < rows; i++) {
+            const float *src = strip + (k0 * 4 + i * 16) * OW;
+            const int64_t row = (k0 * OH + oh0 + i) * OW;
+            int64_t w0 = lo;
+            for (; w0 + 16 <= hi; w0 += 16) {
+                vec v[16];
+                for (int p = 0; p < 16; p++) v[p] = *(const vec_u *)(src + (w0 + p) * 16);
+                transpose16(v);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t at = row + l * OH * OW + w0;
+                    if (r_img) v[l] += *(const vec_u *)(r_img + at);
+                    if (relu) v[l] = relu_of(v[l]);
+                    *(vec_u *)(y_img + at) = v[l];
+                }
+            }
+            for (; w0 < hi; w0++)
+                for (int l = 0; l < 16; l++) {
+                    const int64_t at = row + l * OH * OW + w0;
+                    float v = src[w0 * 16 + l];
+                    if (r_img) v += r_img[at];
+                    if (relu && !(v > 0.f)) v = v != v ? v : 0.f; /* NaN stays NaN, as relu(NaN) */
+                    y_img[at] = v;
                 }
         }
-    }
 }
 
-/* Output tile o[4][4] (16 channels k0.. each) of image n at output pixel (oh0, ow0): plus the residual r (y's layout;
- * may be y itself: each element is read before it is written), then ReLU; the parts past the plane's edge dropped. */
-static void store_tile(const sg_wino *g, float *y, const float *r, int relu, int blocked, int64_t n, int64_t k0,
-                       int64_t oh0, int64_t ow0, vec o[16]) {
-    const int64_t OH = g->OH, OW = g->OW;
-    const int ni = OH - oh0 < 4 ? (int)(OH - oh0) : 4, nj = OW - ow0 < 4 ? (int)(OW - ow0) : 4;
-    const int64_t base = (n * g->K + k0) * OH * OW;
-    if (blocked) {
-        for (int i = 0; i < ni; i++)
-            for (int j = 0; j < nj; j++) {
-                const int64_t at = base + ((oh0 + i) * OW + ow0 + j) * 16;
-                vec v = o[i * 4 + j];
-                if (r) v += *(const vec_u *)(r + at);
-                if (relu) v = relu_of(v);
-                *(vec_u *)(y + at) = v;
-            }
-        return;
-    }
-    const float *of = (const float *)o;
-    for (int l = 0; l < 16; l++)
-        for (int i = 0; i < ni; i++)
-            for (int j = 0; j < nj; j++) {
-                const int64_t at = base + l * OH * OW + (oh0 + i) * OW + ow0 + j;
-                float v = of[(i * 4 + j) * 16 + l];
-                if (r) v += r[at];
-                if (relu && !(v > 0.f)) v = v != v ? v : 0.f; /* NaN stays NaN, as relu(NaN) */
-                y[at] = v;
-            }
+/* The 6x6 patch whose corner is pixel (ih0, iw0) of a plane of 16-channel vectors (rows x W), zero outside. */
+static void load_patch(const float *plane, int64_t rows, int64_t W, int64_t ih0, int64_t iw0, vec d[36]) {
+    const int inside = ih0 >= 0 && ih0 + 6 <= rows && iw0 >= 0 && iw0 + 6 <= W;
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            const int64_t ih = ih0 + i, iw = iw0 + j;
+            d[i * 6 + j] = inside || (ih >= 0 && ih < rows && iw >= 0 && iw < W)
+                               ? *(const vec_u *)(plane + (ih * W + iw) * 16) : (vec){0};
+        }
 }
 
-/* Tiles t0 .. t0 + tn - 1 (of tc at most) through the three stages, in the thread's vb (V) and mb (M). */
+/* Output tile o[4][4] at pixel (oh0, ow0) of a plane of 16-channel vectors (rows x OW), plus the residual's plane
+ * rp (may be NULL, may be the plane itself: each element is read before it is written), then ReLU; the parts past
+ * the plane's edge dropped. */
+static void store_tile(float *plane, const float *rp, int relu, int64_t rows, int64_t OW, int64_t oh0, int64_t ow0,
+                       const vec o[16]) {
+    const int ni = rows - oh0 < 4 ? (int)(rows - oh0) : 4, nj = OW - ow0 < 4 ? (int)(OW - ow0) : 4;
+    for (int i = 0; i < ni; i++)
+        for (int j = 0; j < nj; j++) {
+            const int64_t at = ((oh0 + i) * OW + ow0 + j) * 16;
+            vec v = o[i * 4 + j];
+            if (rp) v += *(const vec_u *)(rp + at);
+            if (relu) v = relu_of(v);
+            *(vec_u *)(plane + at) = v;
+        }
+}
+
+/* A thread's scratch: V and M of a chunk (tc tiles), and for NCHW operands the strips of one tile row. */
+typedef struct {
+    float *v, *m, *in, *out;
+} scratch;
+
+/* Tiles t0 .. t0 + tn - 1 (of tc at most) through the three stages. Blocked operands are read and written where
+ * they lie; NCHW ones go through strips of one tile row in blocks (rows_to_strip, strip_to_rows). */
 static void run_chunk(const sg_wino *g, const float *x, const float *u, const float *b, const float *r, int relu,
-                      float *y, int blocked, int64_t t0, int64_t tn, int64_t tc, float *vb, float *mb) {
-    const int64_t C = g->C, K = g->K, TH = tiles_of(g->OH), TW = tiles_of(g->OW);
+                      float *y, int blocked, int64_t t0, int64_t tn, int64_t tc, const scratch *sc) {
+    const int64_t C = g->C, K = g->K, H = g->H, W = g->W, OH = g->OH, OW = g->OW;
+    const int64_t TH = tiles_of(OH), TW = tiles_of(OW);
+    int64_t strip_of = -1; /* the tile row (n TH + ty) in sc->in */
     for (int64_t tt = 0; tt < tn; tt++) { /* input transform: V[xi][tt][c] */
         const int64_t t = t0 + tt, n = t / (TH * TW), ty = t % (TH * TW) / TW, tx = t % TW;
+        if (!blocked && strip_of != t / TW) {
+            rows_to_strip(x + n * C * H * W, C, H, W, ty * 4 - g->pt, sc->in);
+            strip_of = t / TW;
+        }
         for (int64_t c0 = 0; c0 < C; c0 += 16) {
             vec d[36], s[36], row[6];
-            load_patch(g, x, blocked, n, c0, ty * 4 - g->pt, tx * 4 - g->pl, d);
+            if (blocked)
+                load_patch(x + (n * C + c0) * H * W, H, W, ty * 4 - g->pt, tx * 4 - g->pl, d);
+            else
+                load_patch(sc->in + c0 * 6 * W, 6, W, 0, tx * 4 - g->pl, d);
             for (int j = 0; j < 6; j++) input_rows(d + j, 6, s + j, 6);
             for (int i = 0; i < 6; i++) {
                 input_rows(s + i * 6, 1, row, 1);
-                for (int j = 0; j < 6; j++) *(vec *)(vb + ((i * 6 + j) * tc + tt) * C + c0) = row[j];
+                for (int j = 0; j < 6; j++) *(vec *)(sc->v + ((i * 6 + j) * tc + tt) * C + c0) = row[j];
             }
         }
     }
     for (int xi = 0; xi < 36; xi++) /* M[xi] (tn x K) = V[xi] (tn x C) @ U[xi] (C x K), on this thread */
-        sg_gemm_f32(0, 0, tn, K, C, 1.f, vb + xi * tc * C, C, u + xi * C * K, K, 0.f, mb + xi * tc * K, K, 0);
-    for (int64_t tt = 0; tt < tn; tt++) { /* output transform */
+        sg_gemm_f32(0, 0, tn, K, C, 1.f, sc->v + xi * tc * C, C, u + xi * C * K, K, 0.f, sc->m + xi * tc * K, K, 0);
+    int64_t row_of = -1, lo = 0, hi = 0; /* the tile row in sc->out and its columns written */
+    for (int64_t tt = 0; tt <= tn; tt++) { /* output transform; one more turn to hand over the last strip */
         const int64_t t = t0 + tt, n = t / (TH * TW), ty = t % (TH * TW) / TW, tx = t % TW;
+        if (!blocked && row_of >= 0 && (tt == tn || row_of != t / TW)) {
+            const int64_t pn = row_of / TH, pty = row_of % TH;
+            strip_to_rows(sc->out, K, OH, OW, pty * 4, (int)sg_min64(4, OH - pty * 4), lo, hi, y + pn * K * OH * OW,
+                          r ? r + pn * K * OH * OW : NULL, relu);
+            row_of = -1;
+        }
+        if (tt == tn) break;
+        if (!blocked && row_of < 0) {
+            row_of = t / TW;
+            lo = tx * 4;
+        }
+        hi = sg_min64(OW, tx * 4 + 4);
         for (int64_t k0 = 0; k0 < K; k0 += 16) {
             vec m[36], s[24], o[16];
-            for (int xi = 0; xi < 36; xi++) m[xi] = *(const vec *)(mb + (xi * tc + tt) * K + k0);
+            for (int xi = 0; xi < 36; xi++) m[xi] = *(const vec *)(sc->m + (xi * tc + tt) * K + k0);
             for (int j = 0; j < 6; j++) output_rows(m + j, 6, s + j, 6);
             const vec bias = b ? *(const vec_u *)(b + k0) : (vec){0};
             for (int i = 0; i < 4; i++) {
                 output_rows(s + i * 6, 1, o + i * 4, 1);
                 for (int j = 0; j < 4; j++) o[i * 4 + j] += bias;
             }
-            store_tile(g, y, r, relu, blocked, n, k0, ty * 4, tx * 4, o);
+            if (blocked) {
+                const int64_t at = (n * K + k0) * OH * OW;
+                store_tile(y + at, r ? r + at : NULL, relu, OH, OW, ty * 4, tx * 4, o);
+            } else {
+                store_tile(sc->out + k0 * 4 * OW, NULL, 0, sg_min64(4, OH - ty * 4), OW, 0, tx * 4, o);
+            }
         }
     }
 }
@@ -208,22 +279,23 @@ int sg_winograd_run(const sg_wino *g, const float *x, const float *u, const floa
     chunks = sg_min64(T, (chunks + threads - 1) / threads * threads);
     const int64_t tc = (T + chunks - 1) / chunks;
     chunks = (T + tc - 1) / tc;
+    const size_t strips = blocked ? 0 : (size_t)(C * 6 * g->W + K * 4 * g->OW);
     int err = SG_OK;
 #pragma omp parallel num_threads((int)sg_min64(threads, chunks))
     {
-        float *vb = (float *)aligned_alloc(64, (size_t)(36 * tc * C) * sizeof(float));
-        float *mb = (float *)aligned_alloc(64, (size_t)(36 * tc * K) * sizeof(float));
+        float *block = (float *)aligned_alloc(64, ((size_t)(36 * tc * (C + K)) + strips) * sizeof(float));
+        const scratch sc = {block, block + 36 * tc * C, block + 36 * tc * (C + K),
+                            block + 36 * tc * (C + K) + C * 6 * g->W};
 #pragma omp for schedule(static)
         for (int64_t ch = 0; ch < chunks; ch++) {
-            if (vb && mb) {
-                run_chunk(g, x, u, b, r, relu, y, blocked, ch * tc, sg_min64(tc, T - ch * tc), tc, vb, mb);
+            if (block) {
+                run_chunk(g, x, u, b, r, relu, y, blocked, ch * tc, sg_min64(tc, T - ch * tc), tc, &sc);
             } else {
 #pragma omp atomic write
                 err = SG_ENOMEM;
             }
         }
-        free(vb);
-        free(mb);
+        free(block);
     }
     return err;
 }
