@@ -2,14 +2,16 @@
  * for Convolutional Neural Networks", 2016): each 4x4 tile of an output plane comes from the 6x6 input patch under it
  * as Y = A^T [ sum_c (G g_kc G^T) .* (B^T d_c B) ] A, so the channel sums are 36 matrix products of a quarter of the
  * direct method's multiply-adds (36 per tile and channel pair against 144). oneDNN 3.x dropped its float32 Winograd
- * kernels; on ResNet's 3x3 layers this runs in 0.4-0.8x the time of its direct ones (docs/performance.md).
+ * kernels; on ResNet's 64- and 128-channel 3x3 layers this takes 0.4-0.7x the time of its direct ones (Intel Xeon,
+ * AVX-512; docs/performance.md).
  *
  * The tiles are cut into chunks that threads take whole: a chunk's transformed inputs V[36][tiles][C] and products
  * M[36][tiles][K] stay in the thread's L2 between the three stages (input transform, the 36 products through
  * sg_gemm_f32, output transform). Transforms work on 16 channels at a time, as one 16-float vector (GCC's vector
  * extension: AVX-512, two AVX2 or four SSE registers, whatever the path's -march has), which is also why C and K must
- * be multiples of 16. x and y are either NCHW (16 channels gathered per pixel) or in 16-channel blocks
- * (N, C/16, H, W, 16), which are loaded as they lie.
+ * be multiples of 16. x and y are either in 16-channel blocks (N, C/16, H, W, 16), read and written where they lie,
+ * or NCHW: then the six input rows under a tile row are converted into such blocks once for all its tiles, and its
+ * four output rows back, by 16x16 vector transposes.
  *
  * Rounding: the transforms add terms of up to 8x the inputs' size, so results differ from a direct convolution's by
  * a few units in the 6th significant digit (measured ~1e-5 of the output's largest element on ResNet layers), as
@@ -74,7 +76,7 @@ void sg_winograd_weights(const float *w, float *u, int64_t ci_n, int64_t ko_n, i
         for (int j = 0; j < 3; j++) weight_rows(g + j, 3, t + j, 3); /* t (6 x 3) = G g */
         for (int i = 0; i < 6; i++) {                                /* row i of t G^T */
             weight_rows(t + i * 3, 1, r, 1);
-            for (int j = 0; j < 6; j++) *(vec_u *)(u + ((i * 6 + j) * ci_n + ci) * ko_n + ko0) = r[j]; /* u: any float alignment */
+            for (int j = 0; j < 6; j++) *(vec_u *)(u + ((i * 6 + j) * ci_n + ci) * ko_n + ko0) = r[j]; /* any u */
         }
     }
 }
