@@ -149,6 +149,22 @@ WORKER = """
     names = {id(p): name for name, p in net.get_params().items()}
     for p, g in autograd.backward(loss):
         out[f"cnn/grad/{names[id(p)]}"] = tensor.to_numpy(g)
+
+    # our Winograd F(4x4, 3x3) kernel (16-float vectors on every path): a 3x3 stride-1 convolution of 16-channel
+    # multiples and its data gradient, on the backend's own kernels
+    import os
+    from singa_backend_cpu.device import ffi, lib
+    os.environ["SINGA_ONEDNN"] = "0"
+    geometry = ffi.new("int64_t[]", [6, 16, 10, 9, 32, 3, 3, 10, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    out["winograd/taken"] = np.array([lib.sg_conv2d_winograd(geometry, 0), lib.sg_conv2d_winograd(geometry, 1)]) > 0
+    wx = put(rng.standard_normal((6, 16, 10, 9)), dtypes.float32)
+    ww = put(rng.standard_normal((32, 16, 3, 3)) / 12, dtypes.float32)
+    wy = View(dev.alloc(6 * 32 * 90 * 4), dtypes.float32, (6, 32, 10, 9))
+    dev.table["conv2d"](wy, wx, ww, None, padding=(1, 1, 1, 1))
+    out["winograd/forward"] = dev.read(wy)
+    wdx = View(dev.alloc(6 * 16 * 90 * 4), dtypes.float32, (6, 16, 10, 9))
+    dev.table["conv2d_backward_data"](wdx, wy, ww, padding=(1, 1, 1, 1))
+    out["winograd/data gradient"] = dev.read(wdx)
     np.savez(sys.argv[1], **out)
 """
 
@@ -156,7 +172,8 @@ WORKER = """
 # of each result (float16 is computed in float32 and rounded, so one float16 ulp); the CNN's values are sums of many
 # such terms, compared relative to the largest value of the tensor.
 # (Measured on an AVX-512 machine: at most 2.4e-7 in float32, one ulp in float16, 1.9e-7 across the CNN.)
-TOLERANCE = {"float32": 4e-6, "float64": 1e-14, "float16": 2 ** -9, "bool": 0, "cnn": 2e-6}
+# Winograd's transforms amplify each path's rounding ~10x (kernels/winograd.c): its own bound, relative like the CNN's.
+TOLERANCE = {"float32": 4e-6, "float64": 1e-14, "float16": 2 ** -9, "bool": 0, "cnn": 2e-6, "winograd": 3e-5}
 
 
 def _outputs(path: str, tmp_path) -> dict[str, np.ndarray]:
@@ -173,6 +190,7 @@ def test_every_path_computes_what_the_baseline_computes(tmp_path):
     base = _outputs("baseline", tmp_path)
     assert str(base.pop("path")) == "baseline"
     assert any(k.startswith("cnn/grad/") for k in base)
+    assert base["winograd/taken"].all()  # the baseline path ran the Winograd kernel, as the others must
     assert len(runnable) > 1 or not X86, f"only {runnable} run here: nothing to compare"
     worst = {}
     for path in runnable[1:]:
@@ -181,7 +199,7 @@ def test_every_path_computes_what_the_baseline_computes(tmp_path):
         assert got.keys() == base.keys()
         for key, want in base.items():
             have = got[key]
-            kind = "cnn" if key.startswith("cnn/") else key.rsplit("/", 1)[1]
+            kind = key.split("/", 1)[0] if key.startswith(("cnn/", "winograd/")) else key.rsplit("/", 1)[1]
             if kind == "bool" or want.dtype == np.bool_:
                 assert np.array_equal(have, want), f"{path}: {key} differs from the baseline"
                 continue
@@ -193,7 +211,8 @@ def test_every_path_computes_what_the_baseline_computes(tmp_path):
             a, b = a[finite], b[finite]
             if not b.size:
                 continue
-            scale = np.maximum(np.abs(b), np.abs(b).max()) if kind == "cnn" else np.maximum(np.abs(b), 1.0)
+            relative_to_max = kind in ("cnn", "winograd")
+            scale = np.maximum(np.abs(b), np.abs(b).max()) if relative_to_max else np.maximum(np.abs(b), 1.0)
             err = float((np.abs(a - b) / scale).max())
             worst[key] = max(worst.get(key, 0.0), err)
             assert err <= TOLERANCE[kind], f"{path}: {key} differs from the baseline by {err:.3g} (relative)"
