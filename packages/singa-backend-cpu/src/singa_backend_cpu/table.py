@@ -224,11 +224,11 @@ def _make_arg(name: str, want_max: int) -> Callable:
 
 
 # float32 products: oneDNN's sgemm where it is loaded and SINGA_ONEDNN is not 0 (read once, here), else OpenBLAS
+SGEMM = "onednn" if onednn.install_sgemm(lambda address: lib.sg_set_sgemm(ffi.cast("void *", address))) else "openblas"
 # our own float32 3x3 stride-1 convolutions by Winograd F(4x4, 3x3) where they fit (kernels/winograd.c), unless
 # SINGA_WINOGRAD=0 asks for the direct kernels' rounding
 WINOGRAD = os.environ.get("SINGA_WINOGRAD", "1").strip() != "0"
 lib.sg_set_winograd(WINOGRAD)
-SGEMM = "onednn" if onednn.install_sgemm(lambda address: lib.sg_set_sgemm(ffi.cast("void *", address))) else "openblas"
 
 
 def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:

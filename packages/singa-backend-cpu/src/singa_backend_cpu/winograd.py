@@ -62,24 +62,20 @@ def conv_blocked(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: 
     that fits the shape and was measured faster than oneDNN's blocked plan; False, having done nothing, otherwise."""
     if blocks != (BLOCK, BLOCK) or onednn.mode() != "auto":
         return False
-    key = (tuple(g.as_list()), b is not None, residual is not None, relu)
-    chosen = _choices.get(key)
-    geometry = ffi.new("int64_t[]", g.as_list())
-    if chosen is None:
-        chosen = _decide(key, g, geometry, w, b, residual, relu)
-    if not chosen:
+    key = _key(g, b, residual, relu)
+    if key not in _choices:
+        _decide(key, g, w, b, residual, relu)
+    launch = bound(g, out, x, w, b, residual, relu, blocks)
+    if launch is None:
         return False
-    if _run(out, x, _transformed(w, geometry, True), b, residual, relu, geometry):
-        raise MemoryError(f"cpu kernel conv2d_fused (Winograd): out of memory for geometry {g.as_list()}")
+    launch()
     return True
 
 
 def bound(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: bool, blocks: tuple):
-    """A replayed graph's launch of conv_blocked's call on fixed operands, where the shape runs by Winograd; else
-    None."""
-    if blocks != (BLOCK, BLOCK) or onednn.mode() != "auto":
-        return None
-    if not _choices.get((tuple(g.as_list()), b is not None, residual is not None, relu)):
+    """The launch of conv_blocked's call on fixed operands (a replayed graph's too), where the shape runs by
+    Winograd; else None."""
+    if blocks != (BLOCK, BLOCK) or onednn.mode() != "auto" or not _choices.get(_key(g, b, residual, relu)):
         return None
     geometry = ffi.new("int64_t[]", g.as_list())
 
@@ -90,12 +86,17 @@ def bound(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: bool, b
     return launch
 
 
-def _decide(key: tuple, g: Any, geometry: Any, w: Any, b: Any, residual: Any, relu: bool) -> bool:
+def _key(g: Any, b: Any, residual: Any, relu: bool) -> tuple:
+    return tuple(g.as_list()), b is not None, residual is not None, relu
+
+
+def _decide(key: tuple, g: Any, w: Any, b: Any, residual: Any, relu: bool) -> bool:
     """Whether this shape runs by Winograd from now on: usable, and clearly faster than oneDNN's blocked plan, both
     timed on scratch operands (zeros; the weights transformed in each run unless they are kept)."""
     with _lock:
         if key in _choices:
             return _choices[key]
+    geometry = ffi.new("int64_t[]", g.as_list())
     chosen = False
     if lib.sg_winograd_usable(geometry):
         x_s = np.zeros(g.N * g.C * g.H * g.W, np.float32)

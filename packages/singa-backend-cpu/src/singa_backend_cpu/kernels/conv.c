@@ -180,25 +180,28 @@ int sg_conv2d_winograd(const int64_t *geom, int data_gradient) {
     return read_geometry(geom, &q) == SG_OK && winograd_form(&q, data_gradient, &g) > 0;
 }
 
-int sg_winograd_usable(const int64_t *geom) {
+/* The forward Winograd form g of geom, for callers that keep the transformed weights: whether it has one. */
+static int kept_weights_form(const int64_t *geom, sg_wino *g) {
     geometry q;
+    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, 0, g) >= 0 && sg_winograd_shape(g);
+}
+
+int sg_winograd_usable(const int64_t *geom) {
     sg_wino g;
-    return read_geometry(geom, &q) == SG_OK && winograd_form(&q, 0, &g) >= 0 && sg_winograd_shape(&g);
+    return kept_weights_form(geom, &g);
 }
 
 int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geom) {
-    geometry q;
     sg_wino g;
-    if (read_geometry(geom, &q) != SG_OK || winograd_form(&q, 0, &g) < 0 || !sg_winograd_shape(&g)) return SG_EVALUE;
+    if (!kept_weights_form(geom, &g)) return SG_EVALUE;
     sg_winograd_weights((const float *)w + wo, (float *)u, g.C, g.K, 0);
     return SG_OK;
 }
 
 int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,
                         char *y, int64_t yo, const int64_t *geom, int relu, int blocked) {
-    geometry q;
     sg_wino g;
-    if (read_geometry(geom, &q) != SG_OK || winograd_form(&q, 0, &g) < 0 || !sg_winograd_shape(&g)) return SG_EVALUE;
+    if (!kept_weights_form(geom, &g)) return SG_EVALUE;
     return sg_winograd_run(&g, (const float *)x + xo, (const float *)u, b ? (const float *)b + bo : NULL,
                            r ? (const float *)r + ro : NULL, relu, (float *)y + yo, blocked);
 }
