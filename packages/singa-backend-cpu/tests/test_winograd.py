@@ -1,7 +1,7 @@
-"""Winograd F(4x4, 3x3) on operands in 16-channel blocks (singa_backend_cpu.winograd): chosen per shape against
-oneDNN's blocked plan under SINGA_ONEDNN=auto, right against a float64 reference with bias, residual (also the
-output's own bytes) and ReLU, replayed as a bound launch, and with the transformed weights of constant weights kept
-until they are declared again.
+"""Winograd F(4x4, 3x3) on operands in oneDNN's channel blocks (16 with AVX-512, 8 with AVX2)
+(singa_backend_cpu.winograd): chosen per shape against oneDNN's blocked plan under SINGA_ONEDNN=auto, right against a
+float64 reference with bias, residual (also the output's own bytes) and ReLU, replayed as a bound launch, and with
+the transformed weights of constant weights kept until they are declared again.
 
 (test_cpu_kernels.py checks the NCHW path of our own kernels, which sg_conv2d takes by itself.)
 """
@@ -17,10 +17,10 @@ from singa_backend_cpu import onednn, winograd
 
 DEV = device.get_device("cpu")
 RNG = np.random.default_rng(11)
-BLOCKS = (16, 16)
+BLOCK = DEV.channel_block
+BLOCKS = (BLOCK, BLOCK)
 
-pytestmark = pytest.mark.skipif(DEV.channel_block != 16, reason="no 16-channel blocks on this machine (oneDNN's "
-                                                                "block is 8 on AVX2, none without oneDNN)")
+pytestmark = pytest.mark.skipif(BLOCK not in (8, 16), reason="no channel blocks on this machine (oneDNN absent)")
 
 
 @pytest.fixture(autouse=True)
@@ -35,12 +35,12 @@ def fresh(monkeypatch):
 
 def to_blocks(a):
     n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // 16, 16, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
+    return np.ascontiguousarray(a.reshape(n, c // BLOCK, BLOCK, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
 
 
 def from_blocks(a):
     n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // 16, h, w, 16).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
+    return np.ascontiguousarray(a.reshape(n, c // BLOCK, h, w, BLOCK).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
 
 
 def conv_ref(x, w, b, pad):

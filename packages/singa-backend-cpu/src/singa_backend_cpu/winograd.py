@@ -1,9 +1,10 @@
-"""Our Winograd F(4x4, 3x3) convolutions (kernels/winograd.c) for the callers that keep activations in 16-channel
-blocks: the ONNX inference plan and inference graphs (conv2d_fused's `blocks`, singa_onnx.layout, graph_fuse).
+"""Our Winograd F(4x4, 3x3) convolutions (kernels/winograd.c) for the callers that keep activations in oneDNN's
+channel blocks (16 channels with AVX-512, 8 with AVX2): the ONNX inference plan and inference graphs (conv2d_fused's
+`blocks`, singa_onnx.layout, graph_fuse).
 
 Plain NCHW calls need nothing here: sg_conv2d takes the Winograd path itself where it fits, and onednn.conv's
 measurement weighs it against oneDNN as our own kernel. Blocked calls went to oneDNN alone; here a forward convolution
-in blocks of 16 gets the Winograd kernel where, timed in turns against oneDNN's blocked plan on scratch operands the
+in channel blocks gets the Winograd kernel where, timed in turns against oneDNN's blocked plan on scratch operands the
 first time the shape is met, it is clearly faster. The transformed weights (36 C K floats) of weights declared
 constant (the plans' initializers) are kept from call to call, as oneDNN's reordered copies are; other weights are
 transformed at each call, and that is in the timing too.
@@ -21,9 +22,9 @@ from singa.backend import constant_token
 from singa_backend_cpu import onednn
 from singa_backend_cpu.device import ffi, lib
 
-BLOCK = 16  # the kernel's channel block (one 16-float vector)
+BLOCKS = (8, 16)  # the channel blocks the kernel reads and writes in place
 
-_choices: dict[tuple, bool] = {}  # (geometry, bias, residual, relu) -> Winograd chosen over oneDNN
+_choices: dict[tuple, bool] = {}  # (geometry, bias, residual, relu, blocks) -> Winograd chosen over oneDNN
 _kept: dict[tuple, tuple] = {}  # (geometry, weights offset, token) -> (weakref of the weights' buffer, transformed)
 _lock = threading.Lock()
 
@@ -49,22 +50,31 @@ def _transformed(w: Any, geometry: Any, keep: bool) -> np.ndarray:
     return u
 
 
-def _run(out: Any, x: Any, u: np.ndarray, b: Any, residual: Any, relu: bool, geometry: Any) -> int:
-    return lib.sg_winograd_forward(x.buffer.handle, x.offset, ffi.cast("char *", u.ctypes.data),
-                                   *((b.buffer.handle, b.offset) if b is not None else (ffi.NULL, 0)),
-                                   *((residual.buffer.handle, residual.offset) if residual is not None
-                                     else (ffi.NULL, 0)),
-                                   out.buffer.handle, out.offset, geometry, int(relu), 1)
+def _run(g: Any, geometry: Any, block: int, out: tuple, x: tuple, u: np.ndarray, b: Any, residual: tuple | None,
+         relu: bool) -> None:
+    """The kernel on (pointer, offset) operands; b a view or None."""
+    status = lib.sg_winograd_forward(*x, ffi.cast("char *", u.ctypes.data),
+                                     *((b.buffer.handle, b.offset) if b is not None else (ffi.NULL, 0)),
+                                     *(residual if residual is not None else (ffi.NULL, 0)),
+                                     *out, geometry, int(relu), block)
+    if status:
+        raise MemoryError(f"cpu kernel conv2d_fused (Winograd): out of memory for geometry {g.as_list()}")
+
+
+def _block(blocks: tuple) -> int:
+    """The channel block of a blocked call the kernel can take (both operands in oneDNN's block), else 0."""
+    return blocks[0] if blocks[0] in BLOCKS and blocks == (blocks[0], blocks[0]) else 0
 
 
 def conv_blocked(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: bool, blocks: tuple) -> bool:
-    """Run a float32 forward convolution whose x and out (with the residual) are in blocks of 16 by Winograd, where
-    that fits the shape and was measured faster than oneDNN's blocked plan; False, having done nothing, otherwise."""
-    if blocks != (BLOCK, BLOCK) or onednn.mode() != "auto":
+    """Run a float32 forward convolution whose x and out (with the residual) are in channel blocks by Winograd,
+    where that fits the shape and was measured faster than oneDNN's blocked plan; False, having done nothing,
+    otherwise."""
+    if not _block(blocks) or onednn.mode() != "auto":
         return False
-    key = _key(g, b, residual, relu)
+    key = _key(g, b, residual, relu, blocks)
     if key not in _choices:
-        _decide(key, g, w, b, residual, relu)
+        _decide(key, g, w, b, residual, relu, blocks)
     launch = bound(g, out, x, w, b, residual, relu, blocks)
     if launch is None:
         return False
@@ -75,22 +85,24 @@ def conv_blocked(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: 
 def bound(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: bool, blocks: tuple):
     """The launch of conv_blocked's call on fixed operands (a replayed graph's too), where the shape runs by
     Winograd; else None."""
-    if blocks != (BLOCK, BLOCK) or onednn.mode() != "auto" or not _choices.get(_key(g, b, residual, relu)):
+    block = _block(blocks)
+    if not block or onednn.mode() != "auto" or not _choices.get(_key(g, b, residual, relu, blocks)):
         return None
     geometry = ffi.new("int64_t[]", g.as_list())
+    at = (out.buffer.handle, out.offset), (x.buffer.handle, x.offset)
+    r_at = (residual.buffer.handle, residual.offset) if residual is not None else None
 
     def launch() -> None:
-        if _run(out, x, _transformed(w, geometry, True), b, residual, relu, geometry):
-            raise MemoryError(f"cpu kernel conv2d_fused (Winograd): out of memory for geometry {g.as_list()}")
+        _run(g, geometry, block, at[0], at[1], _transformed(w, geometry, True), b, r_at, relu)
 
     return launch
 
 
-def _key(g: Any, b: Any, residual: Any, relu: bool) -> tuple:
-    return tuple(g.as_list()), b is not None, residual is not None, relu
+def _key(g: Any, b: Any, residual: Any, relu: bool, blocks: tuple) -> tuple:
+    return tuple(g.as_list()), b is not None, residual is not None, relu, blocks
 
 
-def _decide(key: tuple, g: Any, w: Any, b: Any, residual: Any, relu: bool) -> bool:
+def _decide(key: tuple, g: Any, w: Any, b: Any, residual: Any, relu: bool, blocks: tuple) -> bool:
     """Whether this shape runs by Winograd from now on: usable, and clearly faster than oneDNN's blocked plan, both
     timed on scratch operands (zeros; the weights transformed in each run unless they are kept)."""
     with _lock:
@@ -101,18 +113,15 @@ def _decide(key: tuple, g: Any, w: Any, b: Any, residual: Any, relu: bool) -> bo
     if lib.sg_winograd_usable(geometry):
         x_s = np.zeros(g.N * g.C * g.H * g.W, np.float32)
         y_s = np.zeros(g.N * g.K * g.OH * g.OW, np.float32)
+        x_at, y_at = (ffi.cast("char *", x_s.ctypes.data), 0), (ffi.cast("char *", y_s.ctypes.data), 0)
         keep = constant_token(w.buffer) != 0
         u = _transformed(w, geometry, False)
 
         def ours() -> None:
-            uu = u if keep else _transformed(w, geometry, False)
-            lib.sg_winograd_forward(ffi.cast("char *", x_s.ctypes.data), 0, ffi.cast("char *", uu.ctypes.data),
-                                    *((b.buffer.handle, b.offset) if b is not None else (ffi.NULL, 0)),
-                                    *((ffi.cast("char *", y_s.ctypes.data), 0) if residual is not None
-                                      else (ffi.NULL, 0)),
-                                    ffi.cast("char *", y_s.ctypes.data), 0, geometry, int(relu), 1)
+            _run(g, geometry, blocks[0], y_at, x_at, u if keep else _transformed(w, geometry, False), b,
+                 y_at if residual is not None else None, relu)
 
-        chosen = onednn.slower_than(g, b is not None, (residual is not None, relu), (BLOCK, BLOCK), ours)
+        chosen = onednn.slower_than(g, b is not None, (residual is not None, relu), blocks, ours)
     with _lock:
         _choices[key] = chosen
     return chosen
@@ -126,6 +135,6 @@ def reset() -> None:
 
 
 def choices() -> dict[tuple, bool]:
-    """A copy of the choices made so far: {(geometry, bias, residual, relu): Winograd chosen}."""
+    """A copy of the choices made so far: {(geometry, bias, residual, relu, blocks): Winograd chosen}."""
     with _lock:
         return dict(_choices)

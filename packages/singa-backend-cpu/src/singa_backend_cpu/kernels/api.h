@@ -60,7 +60,8 @@ int sg_get_winograd(void);
 int sg_conv2d_winograd(const int64_t *geom, int data_gradient);
 /* ... and in pieces, for callers that keep the transformed weights u (36 * C * K floats) of constant ones: whether
  * the forward geometry can take the path then; u from w (K, C, 3, 3); y = conv(x, w) + b, plus r (may be NULL, may be
- * y) and ReLU where `relu`, with x, r and y NCHW or, with `blocked`, in 16-channel blocks (N, C/16, H, W, 16) */
+ * y) and ReLU where `relu`, with x, r and y NCHW (blocked 0) or in channel blocks of `blocked` = 16 or 8
+ * (N, C/16, H, W, 16 or N, C/8, H, W, 8; SG_EVALUE for another) */
 int sg_winograd_usable(const int64_t *geom);
 int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geom);
 int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,

@@ -201,7 +201,7 @@ int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geo
 int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,
                         char *y, int64_t yo, const int64_t *geom, int relu, int blocked) {
     sg_wino g;
-    if (!kept_weights_form(geom, &g)) return SG_EVALUE;
+    if (!kept_weights_form(geom, &g) || (blocked != 0 && blocked != 8 && blocked != 16)) return SG_EVALUE;
     return sg_winograd_run(&g, (const float *)x + xo, (const float *)u, b ? (const float *)b + bo : NULL,
                            r ? (const float *)r + ro : NULL, relu, (float *)y + yo, blocked);
 }

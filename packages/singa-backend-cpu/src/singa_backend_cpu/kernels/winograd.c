@@ -7,11 +7,12 @@
  *
  * The tiles are cut into chunks that threads take whole: a chunk's transformed inputs V[36][tiles][C] and products
  * M[36][tiles][K] stay in the thread's L2 between the three stages (input transform, the 36 products through
- * sg_gemm_f32, output transform). Transforms work on 16 channels at a time, as one 16-float vector (GCC's vector
- * extension: AVX-512, two AVX2 or four SSE registers, whatever the path's -march has), which is also why C and K must
- * be multiples of 16. x and y are either in 16-channel blocks (N, C/16, H, W, 16), read and written where they lie,
- * or NCHW: then the six input rows under a tile row are converted into such blocks once for all its tiles, and its
- * four output rows back, by 16x16 vector transposes.
+ * sg_gemm_f32, output transform). Transforms work on VW channels at a time, one vector of the path's widest registers
+ * (GCC's vector extension: 16 floats in AVX-512's, 8 in AVX2's or two SSE ones; 16-float vectors on the AVX2 path
+ * were lowered to 128-bit pieces and stack traffic, at 3x the time); C and K must be multiples of 16. x and y are
+ * either in channel blocks of 16 or 8 (N, C/16, H, W, 16 or N, C/8, H, W, 8: oneDNN's layouts with AVX-512 and with
+ * AVX2), read and written where they lie, or NCHW: then the six input rows under a tile row are converted into
+ * blocks of VW channels once for all its tiles, and its four output rows back, by VW x VW vector transposes.
  *
  * Rounding: the transforms add terms of up to 8x the inputs' size, so results differ from a direct convolution's by
  * a few units in the 6th significant digit (measured ~1e-5 of the output's largest element on ResNet layers), as
@@ -19,11 +20,16 @@
  */
 #include "winograd.h"
 
-#pragma GCC diagnostic ignored "-Wpsabi" /* 64-byte vectors passed between static functions on the narrower paths */
+#pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors passed between static functions on the SSE path */
 
-typedef float vec __attribute__((vector_size(64), aligned(64)));
-typedef float vec_u __attribute__((vector_size(64), aligned(4))); /* an unaligned load or store */
-typedef int32_t mask __attribute__((vector_size(64)));
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vec __attribute__((vector_size(VW * 4), aligned(VW * 4)));
+typedef float vec_u __attribute__((vector_size(VW * 4), aligned(4))); /* an unaligned load or store */
+typedef int32_t mask __attribute__((vector_size(VW * 4)));
 
 /* max(v, 0) lane by lane, NaN kept (as the relu kernel) */
 static inline vec relu_of(vec v) { return (vec)((mask)v & ((v > 0.f) | (v != v))); }
@@ -58,20 +64,20 @@ static inline void weight_rows(const vec *g, int s, vec *r, int rs) {
     r[5 * rs] = g2;
 }
 
-/* U[36][Ci][Ko] = G g G^T of each 3x3 kernel g, 16 output channels at a time: from w (Ko, Ci, 3, 3) as is (forward),
+/* U[36][Ci][Ko] = G g G^T of each 3x3 kernel g, VW output channels at a time: from w (Ko, Ci, 3, 3) as is (forward),
  * or with `flip` from w (Ci, Ko, 3, 3) turned by 180 degrees (the data gradient's convolution: dy's channels in, x's
  * out). */
 void sg_winograd_weights(const float *w, float *u, int64_t ci_n, int64_t ko_n, int flip) {
-    const int64_t blocks = ci_n * (ko_n / 16);
-    const int T = sg_threads_for(blocks * 16, 4096);
+    const int64_t blocks = ci_n * (ko_n / VW);
+    const int T = sg_threads_for(blocks * VW, 4096);
 #pragma omp parallel for num_threads(T) schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t ci = blk / (ko_n / 16), ko0 = blk % (ko_n / 16) * 16;
+        const int64_t ci = blk / (ko_n / VW), ko0 = blk % (ko_n / VW) * VW;
         vec g[9], t[18], r[6];
         float *gf = (float *)g;
-        for (int l = 0; l < 16; l++) {
+        for (int l = 0; l < VW; l++) {
             const float *src = w + (flip ? ci * ko_n + ko0 + l : (ko0 + l) * ci_n + ci) * 9;
-            for (int e = 0; e < 9; e++) gf[e * 16 + l] = src[flip ? 8 - e : e];
+            for (int e = 0; e < 9; e++) gf[e * VW + l] = src[flip ? 8 - e : e];
         }
         for (int j = 0; j < 3; j++) weight_rows(g + j, 3, t + j, 3); /* t (6 x 3) = G g */
         for (int i = 0; i < 6; i++) {                                /* row i of t G^T */
@@ -102,8 +108,9 @@ static inline void output_rows(const vec *m, int s, vec *o, int os) {
     o[3 * os] = q + 8.f * b + m5;
 }
 
-/* r[p][l] = r[l][p] over 16 vectors: four rounds that swap ever smaller off-diagonal blocks. */
-static inline void transpose16(vec r[16]) {
+/* r[p][l] = r[l][p] over VW vectors: log2(VW) rounds that swap ever smaller off-diagonal blocks. */
+static inline void transpose(vec r[VW]) {
+#if VW == 16
     static const mask lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
                                {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
                                {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
@@ -112,8 +119,12 @@ static inline void transpose16(vec r[16]) {
                                {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
                                {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
                                {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-    for (int round = 0, s = 8; round < 4; round++, s /= 2)
-        for (int i = 0; i < 16; i++)
+#else
+    static const mask lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
+    static const mask hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
+#endif
+    for (int round = 0, s = VW / 2; s > 0; round++, s /= 2)
+        for (int i = 0; i < VW; i++)
             if (!(i & s)) {
                 const vec a = r[i], b = r[i + s];
                 r[i] = __builtin_shuffle(a, b, lo[round]);
@@ -121,44 +132,44 @@ static inline void transpose16(vec r[16]) {
             }
 }
 
-/* NCHW input rows ih0 .. ih0 + 5 of one image (x_img: C planes of H x W) as a strip in 16-channel blocks,
- * (C/16, 6, W, 16), rows outside the image zero: what the tiles of one tile row read, converted once for them all. */
+/* NCHW input rows ih0 .. ih0 + 5 of one image (x_img: C planes of H x W) as a strip in blocks of VW channels,
+ * (C/VW, 6, W, VW), rows outside the image zero: what the tiles of one tile row read, converted once for them all. */
 static void rows_to_strip(const float *x_img, int64_t C, int64_t H, int64_t W, int64_t ih0, float *strip) {
-    for (int64_t c0 = 0; c0 < C; c0 += 16)
+    for (int64_t c0 = 0; c0 < C; c0 += VW)
         for (int i = 0; i < 6; i++) {
-            float *dst = strip + (c0 * 6 + i * 16) * W;
+            float *dst = strip + (c0 * 6 + i * VW) * W;
             const int64_t ih = ih0 + i;
             if (ih < 0 || ih >= H) {
-                memset(dst, 0, (size_t)(W * 16) * sizeof(float));
+                memset(dst, 0, (size_t)(W * VW) * sizeof(float));
                 continue;
             }
             const float *src = x_img + (c0 * H + ih) * W;
             int64_t w0 = 0;
-            for (; w0 + 16 <= W; w0 += 16) {
-                vec r[16];
-                for (int l = 0; l < 16; l++) r[l] = *(const vec_u *)(src + l * H * W + w0);
-                transpose16(r);
-                for (int p = 0; p < 16; p++) *(vec_u *)(dst + (w0 + p) * 16) = r[p];
+            for (; w0 + VW <= W; w0 += VW) {
+                vec r[VW];
+                for (int l = 0; l < VW; l++) r[l] = *(const vec_u *)(src + l * H * W + w0);
+                transpose(r);
+                for (int p = 0; p < VW; p++) *(vec_u *)(dst + (w0 + p) * VW) = r[p];
             }
             for (; w0 < W; w0++)
-                for (int l = 0; l < 16; l++) dst[w0 * 16 + l] = src[l * H * W + w0];
+                for (int l = 0; l < VW; l++) dst[w0 * VW + l] = src[l * H * W + w0];
         }
 }
 
-/* Output columns lo .. hi - 1 of rows oh0 .. oh0 + rows - 1 of one image from a strip in 16-channel blocks
- * (K/16, 4, OW, 16) to NCHW (y_img: K planes of OH x OW), plus the residual (r_img, NCHW, may be y_img), then ReLU. */
+/* Output columns lo .. hi - 1 of rows oh0 .. oh0 + rows - 1 of one image from a strip in blocks of VW channels
+ * (K/VW, 4, OW, VW) to NCHW (y_img: K planes of OH x OW), plus the residual (r_img, NCHW, may be y_img), then ReLU. */
 static void strip_to_rows(const float *strip, int64_t K, int64_t OH, int64_t OW, int64_t oh0, int rows, int64_t lo,
                           int64_t hi, float *y_img, const float *r_img, int relu) {
-    for (int64_t k0 = 0; k0 < K; k0 += 16)
+    for (int64_t k0 = 0; k0 < K; k0 += VW)
         for (int i = 0; i < rows; i++) {
-            const float *src = strip + (k0 * 4 + i * 16) * OW;
+            const float *src = strip + (k0 * 4 + i * VW) * OW;
             const int64_t row = (k0 * OH + oh0 + i) * OW;
             int64_t w0 = lo;
-            for (; w0 + 16 <= hi; w0 += 16) {
-                vec v[16];
-                for (int p = 0; p < 16; p++) v[p] = *(const vec_u *)(src + (w0 + p) * 16);
-                transpose16(v);
-                for (int l = 0; l < 16; l++) {
+            for (; w0 + VW <= hi; w0 += VW) {
+                vec v[VW];
+                for (int p = 0; p < VW; p++) v[p] = *(const vec_u *)(src + (w0 + p) * VW);
+                transpose(v);
+                for (int l = 0; l < VW; l++) {
                     const int64_t at = row + l * OH * OW + w0;
                     if (r_img) v[l] += *(const vec_u *)(r_img + at);
                     if (relu) v[l] = relu_of(v[l]);
@@ -166,9 +177,9 @@ static void strip_to_rows(const float *strip, int64_t K, int64_t OH, int64_t OW,
                 }
             }
             for (; w0 < hi; w0++)
-                for (int l = 0; l < 16; l++) {
+                for (int l = 0; l < VW; l++) {
                     const int64_t at = row + l * OH * OW + w0;
-                    float v = src[w0 * 16 + l];
+                    float v = src[w0 * VW + l];
                     if (r_img) v += r_img[at];
                     if (relu && !(v > 0.f)) v = v != v ? v : 0.f; /* NaN stays NaN, as relu(NaN) */
                     y_img[at] = v;
@@ -176,30 +187,58 @@ static void strip_to_rows(const float *strip, int64_t K, int64_t OH, int64_t OW,
         }
 }
 
-/* The 6x6 patch whose corner is pixel (ih0, iw0) of a plane of 16-channel vectors (rows x W), zero outside. */
-static void load_patch(const float *plane, int64_t rows, int64_t W, int64_t ih0, int64_t iw0, vec d[36]) {
+/* The VW channels at p: one load where they lie together (half == 0), or two halves `half` floats apart (VW 16 on
+ * operands in blocks of 8: the second half is in the next block's plane). */
+static inline vec load_vw(const float *p, int64_t half) {
+    if (!half) return *(const vec_u *)p;
+    vec v;
+    memcpy(&v, p, VW / 2 * sizeof(float));
+    memcpy((float *)&v + VW / 2, p + half, VW / 2 * sizeof(float));
+    return v;
+}
+
+static inline void store_vw(float *p, int64_t half, vec v) {
+    if (!half) {
+        *(vec_u *)p = v;
+        return;
+    }
+    memcpy(p, &v, VW / 2 * sizeof(float));
+    memcpy(p + half, (float *)&v + VW / 2, VW / 2 * sizeof(float));
+}
+
+/* Where VW channels from c0 lie in an image of C planes of hw pixels in channel blocks of blk (16 or 8; or VW: a
+ * strip): their first pixel's offset, and load_vw's `half`. */
+static inline int64_t group_at(int64_t c0, int blk, int64_t hw, int64_t *half) {
+    *half = VW > blk ? blk * hw : 0;
+    return (c0 - c0 % blk) * hw + c0 % blk;
+}
+
+/* The 6x6 patch whose corner is pixel (ih0, iw0) of a plane (rows x W) of VW-channel groups blk floats apart, the
+ * group's second half `half` floats on where it has one, zero outside. */
+static void load_patch(const float *plane, int blk, int64_t half, int64_t rows, int64_t W, int64_t ih0, int64_t iw0,
+                       vec d[36]) {
     const int inside = ih0 >= 0 && ih0 + 6 <= rows && iw0 >= 0 && iw0 + 6 <= W;
     for (int i = 0; i < 6; i++)
         for (int j = 0; j < 6; j++) {
             const int64_t ih = ih0 + i, iw = iw0 + j;
             d[i * 6 + j] = inside || (ih >= 0 && ih < rows && iw >= 0 && iw < W)
-                               ? *(const vec_u *)(plane + (ih * W + iw) * 16) : (vec){0};
+                               ? load_vw(plane + (ih * W + iw) * blk, half) : (vec){0};
         }
 }
 
-/* Output tile o[4][4] at pixel (oh0, ow0) of a plane of 16-channel vectors (rows x OW), plus the residual's plane
- * rp (may be NULL, may be the plane itself: each element is read before it is written), then ReLU; the parts past
- * the plane's edge dropped. */
-static void store_tile(float *plane, const float *rp, int relu, int64_t rows, int64_t OW, int64_t oh0, int64_t ow0,
-                       const vec o[16]) {
+/* Output tile o[4][4] at pixel (oh0, ow0) of a plane (rows x OW, laid out as load_patch's), plus the residual's plane
+ * rp (may be NULL, may be the plane itself: each element is read before it is written), then ReLU; the parts past the
+ * plane's edge dropped. */
+static void store_tile(float *plane, const float *rp, int relu, int blk, int64_t half, int64_t rows, int64_t OW,
+                       int64_t oh0, int64_t ow0, const vec o[16]) {
     const int ni = rows - oh0 < 4 ? (int)(rows - oh0) : 4, nj = OW - ow0 < 4 ? (int)(OW - ow0) : 4;
     for (int i = 0; i < ni; i++)
         for (int j = 0; j < nj; j++) {
-            const int64_t at = ((oh0 + i) * OW + ow0 + j) * 16;
+            const int64_t at = ((oh0 + i) * OW + ow0 + j) * blk;
             vec v = o[i * 4 + j];
-            if (rp) v += *(const vec_u *)(rp + at);
+            if (rp) v += load_vw(rp + at, half);
             if (relu) v = relu_of(v);
-            *(vec_u *)(plane + at) = v;
+            store_vw(plane + at, half, v);
         }
 }
 
@@ -208,8 +247,9 @@ typedef struct {
     float *v, *m, *in, *out;
 } scratch;
 
-/* Tiles t0 .. t0 + tn - 1 (of tc at most) through the three stages. Blocked operands are read and written where
- * they lie; NCHW ones go through strips of one tile row in blocks (rows_to_strip, strip_to_rows). */
+/* Tiles t0 .. t0 + tn - 1 (of tc at most) through the three stages. Operands in channel blocks (blocked: 16 or 8)
+ * are read and written where they lie; NCHW ones (0) go through strips of one tile row in blocks of VW channels
+ * (rows_to_strip, strip_to_rows). */
 static void run_chunk(const sg_wino *g, const float *x, const float *u, const float *b, const float *r, int relu,
                       float *y, int blocked, int64_t t0, int64_t tn, int64_t tc, const scratch *sc) {
     const int64_t C = g->C, K = g->K, H = g->H, W = g->W, OH = g->OH, OW = g->OW;
@@ -221,12 +261,14 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
             rows_to_strip(x + n * C * H * W, C, H, W, ty * 4 - g->pt, sc->in);
             strip_of = t / TW;
         }
-        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+        for (int64_t c0 = 0; c0 < C; c0 += VW) {
             vec d[36], s[36], row[6];
+            int64_t half;
             if (blocked)
-                load_patch(x + (n * C + c0) * H * W, H, W, ty * 4 - g->pt, tx * 4 - g->pl, d);
+                load_patch(x + n * C * H * W + group_at(c0, blocked, H * W, &half), blocked, half, H, W,
+                           ty * 4 - g->pt, tx * 4 - g->pl, d);
             else
-                load_patch(sc->in + c0 * 6 * W, 6, W, 0, tx * 4 - g->pl, d);
+                load_patch(sc->in + c0 * 6 * W, VW, 0, 6, W, 0, tx * 4 - g->pl, d);
             for (int j = 0; j < 6; j++) input_rows(d + j, 6, s + j, 6);
             for (int i = 0; i < 6; i++) {
                 input_rows(s + i * 6, 1, row, 1);
@@ -251,7 +293,7 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
             lo = tx * 4;
         }
         hi = sg_min64(OW, tx * 4 + 4);
-        for (int64_t k0 = 0; k0 < K; k0 += 16) {
+        for (int64_t k0 = 0; k0 < K; k0 += VW) {
             vec m[36], s[24], o[16];
             for (int xi = 0; xi < 36; xi++) m[xi] = *(const vec *)(sc->m + (xi * tc + tt) * K + k0);
             for (int j = 0; j < 6; j++) output_rows(m + j, 6, s + j, 6);
@@ -261,10 +303,11 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
                 for (int j = 0; j < 4; j++) o[i * 4 + j] += bias;
             }
             if (blocked) {
-                const int64_t at = (n * K + k0) * OH * OW;
-                store_tile(y + at, r ? r + at : NULL, relu, OH, OW, ty * 4, tx * 4, o);
+                int64_t half;
+                const int64_t at = n * K * OH * OW + group_at(k0, blocked, OH * OW, &half);
+                store_tile(y + at, r ? r + at : NULL, relu, blocked, half, OH, OW, ty * 4, tx * 4, o);
             } else {
-                store_tile(sc->out + k0 * 4 * OW, NULL, 0, sg_min64(4, OH - ty * 4), OW, 0, tx * 4, o);
+                store_tile(sc->out + k0 * 4 * OW, NULL, 0, VW, 0, sg_min64(4, OH - ty * 4), OW, 0, tx * 4, o);
             }
         }
     }

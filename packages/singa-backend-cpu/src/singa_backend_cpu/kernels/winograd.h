@@ -26,7 +26,8 @@ int sg_winograd_run(const sg_wino *g, const float *x, const float *u, const floa
 
 /* y = conv(x, w) + b (b may be NULL), plus r (may be NULL, y's layout, may be y) and then ReLU where `relu`; w is
  * (K, C, 3, 3), or with `flip` (C, K, 3, 3) used turned by 180 degrees (the data gradient dx = conv(dy, w^T)). x, r
- * and y NCHW, or with `blocked` in 16-channel blocks (N, C/16, H, W, 16). Returns SG_OK or SG_ENOMEM. */
+ * and y NCHW (blocked 0), or in channel blocks of `blocked` = 16 or 8 (N, C/16, H, W, 16 or N, C/8, H, W, 8).
+ * Returns SG_OK or SG_ENOMEM. */
 int sg_winograd_conv(const sg_wino *g, const float *x, const float *w, int flip, const float *b, const float *r,
                      int relu, float *y, int blocked);
 
