@@ -12,7 +12,7 @@ typedef struct {
 
 /* Whether the path is on and worth taking for g: C and K multiples of 16, output planes >= 4x4 and mostly whole
  * tiles (sg_winograd_shape); for sg_winograd_conv, which transforms the weights at each call, also transformed weights
- * no larger than the activations (sg_winograd_fits). */
+ * at most 4x the activations (sg_winograd_fits). */
 int sg_winograd_shape(const sg_wino *g);
 int sg_winograd_fits(const sg_wino *g);
 
