@@ -511,6 +511,23 @@ def test_blocks_the_device_does_not_have_are_refused():
             ops.conv2d(x, w, blocks=(DEV.channel_block, 0))  # 20 channels are not whole blocks of 8 or 16
 
 
+def test_nchw_average_pooling_stays_ours_where_onednn_has_no_jit_kernel_for_it():
+    # oneDNN's NCHW averages are JIT code with AVX-512 only; with AVX2 its pick is a plain C loop (simple_nchw) at 8x
+    # our kernel's time, so only a JIT plan may be kept; either way the result is the window mean
+    from singa import ops
+
+    if not onednn.in_use():
+        pytest.skip("oneDNN is not in use")
+    onednn.reset()
+    x = RNG.standard_normal((1, 48, 14, 14)).astype(np.float32)
+    y = tensor.to_numpy(ops.pool2d(tensor.from_numpy(x, DEV), 3, 1, 1, mode="avg"))
+    want = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(want[:, :, i:i + 14, j:j + 14] for i in range(3) for j in range(3)) / 9
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    kept = [plan.impl for (key, _), plan in onednn._thread.plans.items() if key[0] == "pool2d" and key[3] == 0]
+    assert all(impl.startswith("jit") for impl in kept), kept
+
+
 # (N, C, H, W, kernel, stride, padding (t, l, b, r), dilation, ceil_mode)
 BLOCKED_POOLS = [(2, 32, 8, 8, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True),  # ceil mode: the last windows clipped
                  (1, 16, 8, 7, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False),
