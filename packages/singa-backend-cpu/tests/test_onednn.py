@@ -426,6 +426,77 @@ def test_matmul_matches_float64_on_either_provider(a_shape, b_shape, ta, tb, set
     assert float(err) < 2e-6
 
 
+class _MatmulSpy:
+    """The kernel library with sg_matmul's last argument (1: OpenBLAS) recorded at each call."""
+
+    def __init__(self, lib):
+        self._lib, self.openblas = lib, []
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def sg_matmul(self, *args):
+        self.openblas.append(args[-1])
+        return self._lib.sg_matmul(*args)
+
+
+@pytest.mark.parametrize("openblas_faster", [True, False])
+def test_float32_products_take_openblas_per_shape_where_it_measured_faster(openblas_faster, monkeypatch):
+    # the first call of a shape times oneDNN's sgemm (0) against OpenBLAS (1) and keeps the clearly faster one for
+    # the later calls and a replayed graph's launch; either way the product matches float64
+    from singa import graph, ops
+    from singa_backend_cpu import table
+
+    if table.SGEMM != "onednn":
+        pytest.skip("oneDNN's sgemm is not installed")
+    monkeypatch.setenv(onednn.SETTING, "auto")
+    onednn.reset()
+    spy = _MatmulSpy(table.lib)
+    monkeypatch.setattr(table, "lib", spy)
+    monkeypatch.setattr(onednn, "_timed_in_turns", lambda runs: {k: (run(), 1.0 if k != openblas_faster else 0.5)[1]
+                                                                  for k, run in runs.items()})
+    a = RNG.standard_normal((2, 96, 80)).astype(np.float32)
+    b = RNG.standard_normal((80, 200)).astype(np.float32)
+    ta, tb = ops.from_numpy(a, DEV), ops.from_numpy(b, DEV)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(ops.to_numpy(ops.matmul(ta, tb)), want, rtol=1e-5, atol=1e-4)
+    assert spy.openblas == [0, 1, int(openblas_faster)]  # timed once each, then the chosen one ran
+    assert onednn._products == {(1, 1, 1, 192, 200, 80, False, False): openblas_faster}  # one taller product
+    spy.openblas.clear()
+    with graph.Recorder(DEV) as rec:
+        y = ops.matmul(ta, tb)
+    g = rec.finish()
+    a2 = RNG.standard_normal(a.shape).astype(np.float32)
+    ta.copy_from_numpy(a2)
+    g.run()
+    np.testing.assert_allclose(ops.to_numpy(y), np.matmul(a2.astype(np.float64), b), rtol=1e-5, atol=1e-4)
+    assert set(spy.openblas) == {int(openblas_faster)}  # the replay ran the chosen provider
+    onednn.reset()
+
+
+def test_small_accumulating_and_promised_products_are_not_timed(monkeypatch):
+    # below PRODUCT_CHOICE_FLOPS, with beta != 0 (a second run would add twice) or under SINGA_ONEDNN=1 (oneDNN's
+    # kernels promised) oneDNN's sgemm runs without a measurement
+    from singa import ops
+    from singa_backend_cpu import table
+
+    if table.SGEMM != "onednn":
+        pytest.skip("oneDNN's sgemm is not installed")
+    timed = []
+    monkeypatch.setattr(onednn, "_timed_in_turns", lambda runs: timed.append(runs) or {False: 1.0, True: 0.1})
+    onednn.reset()
+    small = ops.from_numpy(RNG.standard_normal((16, 16)).astype(np.float32), DEV)
+    ops.matmul(small, small)
+    big = ops.from_numpy(RNG.standard_normal((128, 128)).astype(np.float32), DEV)
+    out = ops.from_numpy(np.ones((128, 128), np.float32), DEV)
+    ops.matmul(big, big, out=out, beta=1.0)
+    monkeypatch.setenv(onednn.SETTING, "1")
+    ops.matmul(big, big)
+    assert timed == []
+    assert onednn._products == {(1, 1, 1, 128, 128, 128, False, False): False}
+    onednn.reset()
+
+
 def test_matmul_in_a_new_python_thread_gets_the_sequential_bits():
     """oneDNN's sgemm sizes its team from the calling thread's OpenMP setting: the backend sets it to its own count in
     every thread, so a worker thread computes the main thread's bits."""

@@ -1019,6 +1019,37 @@ def _timed_in_turns(runs: dict) -> dict:
     return times
 
 
+# -- float32 products: oneDNN's sgemm or OpenBLAS, chosen per shape --------------------------------------------------
+
+PRODUCT_CHOICE_FLOPS = 2e6  # smaller products stay on oneDNN's sgemm unmeasured (its small-product kernels win)
+_products: dict[tuple, bool] = {}  # (batch, batch_a, batch_b, m, n, k, trans_a, trans_b) -> OpenBLAS chosen
+
+
+def product(key: tuple, run: Callable[[int], None]) -> None:
+    """Run float32 product `key` ((batch, batch_a, batch_b, m, n, k, trans_a, trans_b); out = op(a) @ op(b), beta 0)
+    through `run(openblas)`: oneDNN's sgemm (0) unless OpenBLAS split over our threads (1) was clearly (MARGIN)
+    faster when the shape was first met, the two timed in turns on that call's own operands (each run writes the same
+    output). oneDNN's sgemm is the faster of the two on most shapes, but not on all: with AVX2 (AMD EPYC Zen 3) a
+    128 x 256 @ 256 x 1024 product (a transformer's feed-forward layer) took it 0.8-0.9 ms against OpenBLAS's 0.5,
+    depending on where the operands lie. SINGA_ONEDNN=1 keeps oneDNN's."""
+    chosen = _products.get(key)
+    if chosen is None:
+        with _choice_lock:
+            chosen = _products.get(key)
+            if chosen is None:
+                chosen = False
+                if mode() != "1":
+                    times = _timed_in_turns({False: lambda: run(0), True: lambda: run(1)})
+                    chosen = times[True] < (1.0 - MARGIN) * times[False]
+                _products[key] = chosen
+    run(1 if chosen else 0)
+
+
+def product_openblas(key: tuple) -> int:
+    """1 where `product` settled on OpenBLAS for this shape, else 0 (oneDNN's sgemm, or not met yet)."""
+    return 1 if _products.get(key) else 0
+
+
 def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
     """The oneDNN plans that build for `key` (none where oneDNN is absent or turned off); oneDNN refuses some
     shapes (e.g. padding past what the output needs), and our own kernel runs those."""
@@ -1072,6 +1103,7 @@ def reset() -> None:
     with _choice_lock:
         _choices.clear()
         _channels_last.clear()
+        _products.clear()
     _unbuildable.clear()
     _block = None
     with _weights_lock:

@@ -47,7 +47,7 @@ static int mm_f16(const sg_half *a, const sg_half *b, sg_half *c, int64_t batch,
     sg_h2f(a, fa, na);
     sg_h2f(b, fb, nb);
     if (beta != 0.0f) sg_h2f(c, fc, nc);
-    mm_f32(fa, fb, fc, batch, batch_a, batch_b, m, n, k, ta, tb, alpha, beta);
+    mm_f32(fa, fb, fc, batch, batch_a, batch_b, m, n, k, ta, tb, alpha, beta, 1);
     sg_f2h(fc, c, nc);
     free(fa);
     return SG_OK;
@@ -97,17 +97,17 @@ INT_MM(i64, int64_t)
 
 int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
               int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-              double alpha, double beta) {
+              double alpha, double beta, int openblas) {
     if (batch == 0 || m == 0 || n == 0) return SG_OK;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || batch * m > INT32_MAX) return SG_EVALUE;
     switch (dtype) {
     case SG_F32:
         mm_f32((const float *)a + ao, (const float *)b + bo, (float *)out + oo, batch, batch_a, batch_b, m, n, k,
-               trans_a, trans_b, (float)alpha, (float)beta);
+               trans_a, trans_b, (float)alpha, (float)beta, !openblas);
         return SG_OK;
     case SG_F64:
         mm_f64((const double *)a + ao, (const double *)b + bo, (double *)out + oo, batch, batch_a, batch_b, m, n, k,
-               trans_a, trans_b, alpha, beta);
+               trans_a, trans_b, alpha, beta, 0);
         return SG_OK;
     case SG_F16:
         return mm_f16((const sg_half *)a + ao, (const sg_half *)b + bo, (sg_half *)out + oo, batch, batch_a, batch_b,

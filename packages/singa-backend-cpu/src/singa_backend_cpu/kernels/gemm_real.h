@@ -54,19 +54,21 @@ void SG_R(sg_gemm)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real alph
     }
 }
 
-/* One product of the batch: the outside GEMM where one is set (gemm.c), else sg_gemm. */
+/* One product of the batch: the outside GEMM where one is set (gemm.c) and `outside`, else sg_gemm. */
 static void SG_R(mm1)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real alpha, const sg_real *a, int64_t lda,
-                      const sg_real *b, int64_t ldb, sg_real beta, sg_real *c, int64_t ldc, int may_split) {
-    if (m > 0 && n > 0 && SG_R(outside_gemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+                      const sg_real *b, int64_t ldb, sg_real beta, sg_real *c, int64_t ldc, int may_split,
+                      int outside) {
+    if (outside && m > 0 && n > 0 && SG_R(outside_gemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+        return;
     SG_R(sg_gemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, may_split);
 }
 
 static void SG_R(mm)(const sg_real *a, const sg_real *b, sg_real *c, int64_t batch, int64_t batch_a, int64_t batch_b,
-                     int64_t m, int64_t n, int64_t k, int ta, int tb, sg_real alpha, sg_real beta) {
+                     int64_t m, int64_t n, int64_t k, int ta, int tb, sg_real alpha, sg_real beta, int outside) {
     const int64_t lda = ta ? m : k, ldb = tb ? k : n;
     if (batch > 1 && batch_a == batch && batch_b == 1 && !ta) {
         /* a stack of row-major matrices times one matrix is one taller product */
-        SG_R(mm1)(ta, tb, batch * m, n, k, alpha, a, lda, b, ldb, beta, c, n, 1);
+        SG_R(mm1)(ta, tb, batch * m, n, k, alpha, a, lda, b, ldb, beta, c, n, 1, outside);
         return;
     }
     const double item_flops = 2.0 * (double)m * (double)n * (double)(k > 0 ? k : 1);
@@ -76,10 +78,10 @@ static void SG_R(mm)(const sg_real *a, const sg_real *b, sg_real *c, int64_t bat
 #pragma omp parallel for schedule(static) num_threads(T)
         for (int64_t i = 0; i < batch; i++)
             SG_R(mm1)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
-                      b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 0);
+                      b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 0, outside);
         return;
     }
     for (int64_t i = 0; i < batch; i++)
         SG_R(mm1)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
-                  b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 1);
+                  b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 1, outside);
 }
