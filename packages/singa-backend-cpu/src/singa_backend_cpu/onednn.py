@@ -35,6 +35,7 @@ import cffi
 
 from singa.backend import constant_token
 from singa.kernel_args import describe
+from singa_backend_cpu.kept import KeptCopies
 
 SETTING = "SINGA_ONEDNN"
 MODES = ("auto", "1", "nchw", "0")
@@ -566,30 +567,22 @@ def _conv_plan(kind: str, g, bias: bool, blocked: bool, post: tuple = NO_POST, b
 
 # -- reordered copies of constant weights ------------------------------------------------------------------------
 
-_weights: dict[tuple, tuple] = {}  # key -> (weakref of the weights' buffer, token, block, address)
-_weights_lock = threading.Lock()
+_weights = KeptCopies()  # key -> (block, aligned address) of the reordered weights
 
 
 def _constant_weights(constant: tuple, nbytes: int) -> tuple[Any, int, bool]:
     """(block, its aligned address, whether it is new) for the reordered weights of `constant` = (key, buffer,
-    token). A new block is this run's to fill and `_keep_weights` publishes it afterwards, so that another thread
-    never reads a block still being written; entries whose buffer is gone or no longer declared are dropped."""
-    key, buffer, token = constant
-    with _weights_lock:
-        entry = _weights.get(key)
-        if entry is not None and entry[0]() is buffer and entry[1] == token:
-            return entry[2], entry[3], False
-        for k in [k for k, e in _weights.items() if e[0]() is None or constant_token(e[0]()) != e[1]]:
-            del _weights[k]
+    token). A new block is this run's to fill and `_keep_weights` publishes it afterwards."""
+    kept = _weights.get(*constant)
+    if kept is not None:
+        return kept[0], kept[1], False
     ffi = library().ffi
     block = ffi.new("char[]", nbytes + _ALIGN)
     return block, (int(ffi.cast("uintptr_t", block)) + _ALIGN - 1) // _ALIGN * _ALIGN, True
 
 
 def _keep_weights(constant: tuple, block: Any, addr: int) -> None:
-    key, buffer, token = constant
-    with _weights_lock:
-        _weights[key] = (weakref.ref(buffer), token, block, addr)
+    _weights.put(*constant, (block, addr))
 
 
 # -- the choice between oneDNN and the backend's own kernel -------------------------------------------------------
@@ -780,14 +773,13 @@ class _Launch:
         handles += [(m, off, True) for m, off in zip(plan.temps, plan.offsets)]
         steps, kept = plan.steps, None
         if constant is not None:
-            key, buffer, token = constant
-            with _weights_lock:
-                entry = _weights.get(key)
-            if entry is None or entry[0]() is not buffer or entry[1] != token:
+            _, buffer, token = constant
+            entry = _weights.get(*constant)
+            if entry is None:
                 return None
-            handles.append((plan.weight_temp, entry[3], False))
+            handles.append((plan.weight_temp, entry[1], False))
             steps = [s for i, s in enumerate(steps) if i != plan.weight_step]
-            kept = (weakref.ref(buffer), token, entry[2])
+            kept = (weakref.ref(buffer), token, entry[0])
         shared = addresses[0] == addresses[-1]  # a graph planned the output over the residual: nothing to copy
         residual = (addresses[0], addresses[-1], plan.residual_bytes) if plan.residual_bytes and not shared \
             else (0, 0, 0)
@@ -1106,8 +1098,7 @@ def reset() -> None:
         _products.clear()
     _unbuildable.clear()
     _block = None
-    with _weights_lock:
-        _weights.clear()
+    _weights.clear()
     _thread.plans.clear()
 
 

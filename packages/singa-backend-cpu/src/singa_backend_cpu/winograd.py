@@ -13,7 +13,6 @@ transformed at each call, and that is in the timing too.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
@@ -21,32 +20,29 @@ import numpy as np
 from singa.backend import constant_token
 from singa_backend_cpu import onednn
 from singa_backend_cpu.device import ffi, lib
+from singa_backend_cpu.kept import KeptCopies
 
 BLOCKS = (8, 16)  # the channel blocks the kernel reads and writes in place
 
 _choices: dict[tuple, bool] = {}  # (geometry, bias, residual, relu, blocks) -> Winograd chosen over oneDNN
-_kept: dict[tuple, tuple] = {}  # (geometry, weights offset, token) -> (weakref of the weights' buffer, transformed)
+_kept = KeptCopies()  # (geometry, weights offset) -> transformed weights of constant weights
 _lock = threading.Lock()
 
 
 def _transformed(w: Any, geometry: Any, keep: bool) -> np.ndarray:
     """The transformed weights of view w; kept (and reused) while its buffer stays declared constant."""
     token = constant_token(w.buffer) if keep else 0
-    key = (tuple(geometry), w.offset, token)
+    key = (tuple(geometry), w.offset)
     if token:
-        with _lock:
-            entry = _kept.get(key)
-            if entry is not None and entry[0]() is w.buffer:
-                return entry[1]
+        u = _kept.get(key, w.buffer, token)
+        if u is not None:
+            return u
     u = np.empty(36 * geometry[1] * geometry[4], np.float32)  # 36 C K
     status = lib.sg_winograd_transform(w.buffer.handle, w.offset, ffi.cast("char *", u.ctypes.data), geometry)
     if status:
         raise ValueError(f"cpu kernel conv2d_fused: no Winograd form for geometry {list(geometry)}")
     if token:
-        with _lock:
-            for stale in [k_ for k_, e in _kept.items() if e[0]() is None or constant_token(e[0]()) != k_[2]]:
-                del _kept[stale]
-            _kept[key] = (weakref.ref(w.buffer), u)
+        _kept.put(key, w.buffer, token, u)
     return u
 
 
@@ -131,7 +127,7 @@ def reset() -> None:
     """Forget the choices and the kept weights (tests change SINGA_ONEDNN between cases)."""
     with _lock:
         _choices.clear()
-        _kept.clear()
+    _kept.clear()
 
 
 def choices() -> dict[tuple, bool]:
