@@ -85,11 +85,11 @@ def bound(g: Any, out: Any, x: Any, w: Any, b: Any, residual: Any, relu: bool, b
     if not block or onednn.mode() != "auto" or not _choices.get(_key(g, b, residual, relu, blocks)):
         return None
     geometry = ffi.new("int64_t[]", g.as_list())
-    at = (out.buffer.handle, out.offset), (x.buffer.handle, x.offset)
+    out_at, x_at = (out.buffer.handle, out.offset), (x.buffer.handle, x.offset)
     r_at = (residual.buffer.handle, residual.offset) if residual is not None else None
 
     def launch() -> None:
-        _run(g, geometry, block, at[0], at[1], _transformed(w, geometry, True), b, r_at, relu)
+        _run(g, geometry, block, out_at, x_at, _transformed(w, geometry, True), b, r_at, relu)
 
     return launch
 
