@@ -148,3 +148,45 @@ def test_replayed_blocked_convolutions_keep_transformed_constant_weights_until_d
         g.run()
         close(from_blocks(tensor.to_numpy(y)), np.maximum(conv_ref(x2, w, b, (1, 1, 1, 1)) + r2, 0))
     assert len(winograd._kept) == 1  # the first declaration's copy is dropped with its token
+
+
+@pytest.mark.parametrize("block", [0, 8, 16], ids=["nchw", "blocks8", "blocks16"])
+@pytest.mark.parametrize(("n", "c", "h", "w", "k", "pad"), [(2, 32, 11, 14, 48, (1, 1, 1, 1)),
+                                                          (1, 16, 9, 7, 32, (0, 2, 1, 0)),
+                                                          (1, 64, 20, 20, 16, (1, 1, 1, 1))])
+def test_kernel_takes_every_channel_block_whatever_the_vector_width(block, n, c, h, w, k, pad):
+    # sg_winograd_forward on NCHW, 8- and 16-channel blocks, whichever block oneDNN picks here: the vector width of
+    # the path (16 floats with AVX-512, 8 below) meets every block (halves in two blocks, or a lane offset in one)
+    from singa_backend_cpu.device import ffi, lib
+
+    def ptr(a):
+        return ffi.cast("char *", a.ctypes.data)
+
+    def blocked(a):
+        nn, cc, hh, ww = a.shape
+        return np.ascontiguousarray(a.reshape(nn, cc // block, block, hh, ww).transpose(0, 1, 3, 4, 2))
+
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (RNG.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = RNG.standard_normal(k).astype(np.float32)
+    ref = conv_ref(x, wt, b, pad)
+    r = RNG.standard_normal(ref.shape).astype(np.float32)
+    oh, ow = ref.shape[2:]
+    geometry = ffi.new("int64_t[]", [n, c, h, w, k, 3, 3, oh, ow, 1, 1, *pad, 1, 1, 1])
+    u = np.empty(36 * c * k, np.float32)
+    assert lib.sg_winograd_transform(ptr(wt), 0, ptr(u), geometry) == 0
+    xb, rb = (blocked(x), blocked(r)) if block else (x, r)
+    y = np.empty_like(rb)
+    assert lib.sg_winograd_forward(ptr(xb), 0, ptr(u), ptr(b), 0, ptr(rb), 0, ptr(y), 0, geometry, 1, block) == 0
+    if block:
+        y = np.ascontiguousarray(y.transpose(0, 1, 4, 2, 3)).reshape(ref.shape)
+    close(y, np.maximum(ref + r, 0))
+
+
+def test_kernel_refuses_other_channel_blocks():
+    from singa_backend_cpu.device import ffi, lib
+
+    geometry = ffi.new("int64_t[]", [1, 16, 8, 8, 16, 3, 3, 8, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    buf = np.zeros(36 * 16 * 16, np.float32)
+    p = ffi.cast("char *", buf.ctypes.data)
+    assert lib.sg_winograd_forward(p, 0, p, ffi.NULL, 0, ffi.NULL, 0, p, 0, geometry, 0, 4) != 0  # SG_EVALUE

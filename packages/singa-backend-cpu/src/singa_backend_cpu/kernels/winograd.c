@@ -265,12 +265,14 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
         }
         for (int64_t c0 = 0; c0 < C; c0 += VW) {
             vec d[36], s[36], row[6];
-            int64_t half;
-            if (blocked)
-                load_patch(x + n * C * H * W + group_at(c0, blocked, H * W, &half), blocked, half, H, W,
-                           ty * 4 - g->pt, tx * 4 - g->pl, d);
-            else
+            if (blocked) {
+                int64_t half; /* set by group_at before load_patch reads it (a separate statement: argument order
+                               * is unspecified) */
+                const int64_t at = n * C * H * W + group_at(c0, blocked, H * W, &half);
+                load_patch(x + at, blocked, half, H, W, ty * 4 - g->pt, tx * 4 - g->pl, d);
+            } else {
                 load_patch(sc->in + c0 * 6 * W, VW, 0, 6, W, 0, tx * 4 - g->pl, d);
+            }
             for (int j = 0; j < 6; j++) input_rows(d + j, 6, s + j, 6);
             for (int i = 0; i < 6; i++) {
                 input_rows(s + i * 6, 1, row, 1);
