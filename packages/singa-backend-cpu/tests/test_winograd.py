@@ -33,14 +33,14 @@ def fresh(monkeypatch):
     winograd.reset()
 
 
-def to_blocks(a):
+def to_blocks(a, block=BLOCK):
     n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // BLOCK, BLOCK, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
+    return np.ascontiguousarray(a.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)).reshape(a.shape)
 
 
-def from_blocks(a):
+def from_blocks(a, block=BLOCK):
     n, c, h, w = a.shape
-    return np.ascontiguousarray(a.reshape(n, c // BLOCK, h, w, BLOCK).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
+    return np.ascontiguousarray(a.reshape(n, c // block, h, w, block).transpose(0, 1, 4, 2, 3)).reshape(a.shape)
 
 
 def conv_ref(x, w, b, pad):
@@ -162,10 +162,6 @@ def test_kernel_takes_every_channel_block_whatever_the_vector_width(block, n, c,
     def ptr(a):
         return ffi.cast("char *", a.ctypes.data)
 
-    def blocked(a):
-        nn, cc, hh, ww = a.shape
-        return np.ascontiguousarray(a.reshape(nn, cc // block, block, hh, ww).transpose(0, 1, 3, 4, 2))
-
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
     wt = (RNG.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
     b = RNG.standard_normal(k).astype(np.float32)
@@ -175,12 +171,10 @@ def test_kernel_takes_every_channel_block_whatever_the_vector_width(block, n, c,
     geometry = ffi.new("int64_t[]", [n, c, h, w, k, 3, 3, oh, ow, 1, 1, *pad, 1, 1, 1])
     u = np.empty(36 * c * k, np.float32)
     assert lib.sg_winograd_transform(ptr(wt), 0, ptr(u), geometry) == 0
-    xb, rb = (blocked(x), blocked(r)) if block else (x, r)
+    xb, rb = (to_blocks(x, block), to_blocks(r, block)) if block else (x, r)
     y = np.empty_like(rb)
     assert lib.sg_winograd_forward(ptr(xb), 0, ptr(u), ptr(b), 0, ptr(rb), 0, ptr(y), 0, geometry, 1, block) == 0
-    if block:
-        y = np.ascontiguousarray(y.transpose(0, 1, 4, 2, 3)).reshape(ref.shape)
-    close(y, np.maximum(ref + r, 0))
+    close(from_blocks(y, block) if block else y, np.maximum(ref + r, 0))
 
 
 def test_kernel_refuses_other_channel_blocks():

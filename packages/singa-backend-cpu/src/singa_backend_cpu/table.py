@@ -239,29 +239,31 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
         a = _contiguous(a)
     if b.strides != _layout(b.shape)[0]:
         b = _contiguous(b)
-    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", (out, a, b), trans_a, trans_b, _layout(out.shape)[0])
-    args = (a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle, out.offset, batch, ba,
-            bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha, beta)
+    args, key = _matmul_call((out, a, b), trans_a, trans_b, alpha, beta)
 
     def run(openblas: int) -> None:
         status = lib.sg_matmul(*args, openblas)
         if status:
             _check(status, "matmul", views)
 
-    key = _product_key(out, batch, ba, bb, m, n, k, trans_a, trans_b, beta)
     if key is None:
         run(0)
     else:
         onednn.product(key, run)
 
 
-def _product_key(out, batch, ba, bb, m, n, k, trans_a, trans_b, beta) -> tuple | None:
-    """The shape key of a float32 product whose provider (oneDNN's sgemm or OpenBLAS) onednn.product measures; None
-    where there is no choice: oneDNN's sgemm not installed, other dtypes, small products, or beta != 0 (a product
-    that accumulates into its output cannot be run twice to time it)."""
+def _matmul_call(views: tuple, trans_a, trans_b, alpha, beta) -> tuple[tuple, tuple | None]:
+    """sg_matmul's arguments for contiguous (out, a, b) but its last (openblas), and the shape key by which
+    onednn.product chooses the provider of a float32 product; None where there is no choice: oneDNN's sgemm not
+    installed, other dtypes, small products, or beta != 0 (a product that accumulates into its output cannot be run
+    twice to time it)."""
+    out, a, b = views
+    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])
+    args = (a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle, out.offset, batch, ba,
+            bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha, beta)
     if SGEMM != "onednn" or out.dtype != F32 or beta != 0.0 or 2.0 * batch * m * n * k < onednn.PRODUCT_CHOICE_FLOPS:
-        return None
-    return batch, ba, bb, m, n, k, bool(trans_a), bool(trans_b)
+        return args, None
+    return args, (batch, ba, bb, m, n, k, bool(trans_a), bool(trans_b))
 
 
 def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Callable[[], None] | None:
@@ -269,11 +271,8 @@ def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -
     if any(v.strides != _layout(v.shape)[0] for v in (out, a, b)) or not (a.dtype == b.dtype == out.dtype):
         return None
     views = (out, a, b)
-    batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])
-    key = _product_key(out, batch, ba, bb, m, n, k, trans_a, trans_b, beta)
-    args = (a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle, out.offset, batch, ba,
-            bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha, beta,
-            0 if key is None else onednn.product_openblas(key))
+    args, key = _matmul_call(views, trans_a, trans_b, alpha, beta)
+    args += (0 if key is None else onednn.product_openblas(key),)
     launch = lib.sg_matmul
 
     def run() -> None:
