@@ -542,6 +542,34 @@ def test_large_sums_are_accurate_on_every_path():
     close(get(out), t.max(axis=(0, 2)), np.float32)
 
 
+@pytest.mark.parametrize("name", list(_REDUCE_REF))
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16, np.int32])
+def test_reductions_over_a_middle_axis_with_short_kept_rows(name, dt):
+    """A kept innermost group under a reduced one (a channel-blocked layout's pixel means: (N, C/B, H*W, B) over
+    H*W) is accumulated a whole reduced group per call, in registers for sums of 8-element multiples: rows of 8,
+    16, 24, 64 and others, serial and threaded, against float64 numpy."""
+    cases = [((1, 125, 169, 8), (2,)), ((8, 32, 49, 16), (2,)), ((3, 4, 5, 24), (0, 2)), ((2, 64, 300, 16), (0, 2)),
+             ((5, 7, 64), (1,)), ((4, 9, 12), (0, 1)), ((6, 11, 72), (1,)), ((2, 3, 40, 8), (1, 2))]
+    for shape, axes in cases:
+        if np.issubdtype(dt, np.integer):
+            x = RNG.integers(-3, 4, shape).astype(dt)
+            if name == "reduce_prod":
+                x = np.where(x == 0, 1, np.sign(x)).astype(dt)
+        else:
+            x = sample(dt, shape, (0.9, 1.1) if name == "reduce_prod" else (-3, 3))
+        wide = x.astype(np.int64 if np.issubdtype(dt, np.integer) else np.float64)
+        ref = _REDUCE_REF[name](wide, axis=axes)
+        if np.issubdtype(dt, np.integer) and name == "reduce_mean":
+            s, n = np.sum(wide, axis=axes), math.prod(shape[a] for a in axes)
+            ref = np.sign(s) * (np.abs(s) // n)
+        out = empty(np.shape(ref), dt)
+        K[name](out, put(x), axes=axes)
+        if np.issubdtype(dt, np.integer):
+            np.testing.assert_array_equal(get(out), np.asarray(ref).astype(dt), err_msg=f"{name} {shape} {axes}")
+        else:
+            close(get(out), ref, dt, rtol={np.float32: 1e-5, np.float16: 3e-3, np.float64: 1e-12}[dt])
+
+
 def test_reductions_of_empty_and_nan():
     x = np.zeros((3, 0), np.float32)
     out = empty((3,), np.float32)

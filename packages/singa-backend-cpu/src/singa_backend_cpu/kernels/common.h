@@ -119,6 +119,9 @@ void sg_strided_run(int nops, const int *itemsizes, int ndim, const int64_t *dim
  * scheduler slice). `may_split` = 0 when the caller already runs on one of several threads. */
 void sg_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int may_split);
+/* c (m x n) = a (m x k) @ b (k x n), row-major and dense, on the calling thread (a parallel region's member): the
+ * outside GEMM (gemm.c's sg_set_sgemm: oneDNN's sgemm) where one is set, else OpenBLAS. */
+void sg_gemm_f32_on_thread(int64_t m, int64_t n, int64_t k, const float *a, const float *b, float *c);
 void sg_gemm_f64(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a, int64_t lda,
                  const double *b, int64_t ldb, double beta, double *c, int64_t ldc, int may_split);
 

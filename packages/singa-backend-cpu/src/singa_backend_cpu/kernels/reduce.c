@@ -65,50 +65,56 @@ static int64_t icombine(int op, int64_t a, int64_t v) {
             return s;                                                                                                \
         }                                                                                                            \
     }                                                                                                                \
-    static void iacc_##SUF(int op, int64_t *a, const T *p, int64_t n) {                                              \
-        switch (op) {                                                                                                \
-        case OP_MAX:                                                                                                 \
-            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] = p[i] > a[i] ? p[i] : a[i];                    \
-            break;                                                                                                   \
-        case OP_MIN:                                                                                                 \
-            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] = p[i] < a[i] ? p[i] : a[i];                    \
-            break;                                                                                                   \
-        case OP_PROD:                                                                                                \
-            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] *= p[i];                                        \
-            break;                                                                                                   \
-        default:                                                                                                     \
-            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] += p[i];                                        \
+    static void iacc_##SUF(int op, int64_t *a, const T *p, int64_t n, int64_t reps, int64_t stride) {               \
+        for (int64_t r = 0; r < reps; r++, p += stride) {                                                            \
+            switch (op) {                                                                                            \
+            case OP_MAX:                                                                                             \
+                _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] = p[i] > a[i] ? p[i] : a[i];                \
+                break;                                                                                               \
+            case OP_MIN:                                                                                             \
+                _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] = p[i] < a[i] ? p[i] : a[i];                \
+                break;                                                                                               \
+            case OP_PROD:                                                                                            \
+                _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] *= p[i];                                    \
+                break;                                                                                               \
+            default:                                                                                                 \
+                _Pragma("omp simd") for (int64_t i = 0; i < n; i++) a[i] += p[i];                                    \
+            }                                                                                                        \
         }                                                                                                            \
     }
 INT_ROWS(i32, int32_t)
 INT_ROWS(i64, int64_t)
 INT_ROWS(u8, uint8_t)
 
-/* One row of n elements at element offset `off` of x: reduced into acc[0], or accumulated into acc[0..n). */
-static void do_row(int op, int dtype, const char *x, int64_t off, int64_t n, void *acc, int reduce) {
+/* One row of n elements at element offset `off` of x reduced into acc[0] (reps is 1 then), or `reps` rows of n,
+ * `stride` elements apart, accumulated into acc[0..n). */
+static void do_row(int op, int dtype, const char *x, int64_t off, int64_t n, void *acc, int reduce, int64_t reps,
+                   int64_t stride) {
     switch (dtype) {
     case SG_F32:
         if (reduce)
             *(double *)acc = fcombine(op, *(double *)acc, frow_f32(op, (const float *)x + off, n));
         else
-            facc_f32(op, (double *)acc, (const float *)x + off, n);
+            facc_f32(op, (double *)acc, (const float *)x + off, n, reps, stride);
         return;
     case SG_F64:
         if (reduce)
             *(double *)acc = fcombine(op, *(double *)acc, frow_f64(op, (const double *)x + off, n));
         else
-            facc_f64(op, (double *)acc, (const double *)x + off, n);
+            facc_f64(op, (double *)acc, (const double *)x + off, n, reps, stride);
         return;
     case SG_F16: {
         float t[SG_BLK];
-        const sg_half *p = (const sg_half *)x + off;
-        for (int64_t s = 0; s < n; s += SG_BLK) {
-            const int64_t m = sg_min64(SG_BLK, n - s);
-            sg_h2f(p + s, t, m);
-            if (reduce)
-                *(double *)acc = fcombine(op, *(double *)acc, frow_f32(op, t, m));
-            else
-                facc_f32(op, (double *)acc + s, t, m);
+        for (int64_t r = 0; r < reps; r++) {
+            const sg_half *p = (const sg_half *)x + off + r * stride;
+            for (int64_t s = 0; s < n; s += SG_BLK) {
+                const int64_t m = sg_min64(SG_BLK, n - s);
+                sg_h2f(p + s, t, m);
+                if (reduce)
+                    *(double *)acc = fcombine(op, *(double *)acc, frow_f32(op, t, m));
+                else
+                    facc_f32(op, (double *)acc + s, t, m, 1, 0);
+            }
         }
         return;
     }
@@ -116,29 +122,33 @@ static void do_row(int op, int dtype, const char *x, int64_t off, int64_t n, voi
         if (reduce)
             *(int64_t *)acc = icombine(op, *(int64_t *)acc, irow_i32(op, (const int32_t *)x + off, n));
         else
-            iacc_i32(op, (int64_t *)acc, (const int32_t *)x + off, n);
+            iacc_i32(op, (int64_t *)acc, (const int32_t *)x + off, n, reps, stride);
         return;
     case SG_I64:
         if (reduce)
             *(int64_t *)acc = icombine(op, *(int64_t *)acc, irow_i64(op, (const int64_t *)x + off, n));
         else
-            iacc_i64(op, (int64_t *)acc, (const int64_t *)x + off, n);
+            iacc_i64(op, (int64_t *)acc, (const int64_t *)x + off, n, reps, stride);
         return;
     default:
         if (reduce)
             *(int64_t *)acc = icombine(op, *(int64_t *)acc, irow_u8(op, (const uint8_t *)x + off, n));
         else
-            iacc_u8(op, (int64_t *)acc, (const uint8_t *)x + off, n);
+            iacc_u8(op, (int64_t *)acc, (const uint8_t *)x + off, n, reps, stride);
     }
 }
 
-/* Every row whose group `split` index lies in [glo, ghi), restricted to [ilo, ihi) of the innermost group. */
+/* Every row whose group `split` index lies in [glo, ghi), restricted to [ilo, ihi) of the innermost group. A kept
+ * innermost group takes the reduced group around it in one call (do_row's reps): short rows, such as the 8 or 16
+ * channels of a blocked layout's pixel, would otherwise cost a walk of the groups each. */
 static void run_rows(const layout *L, int op, int dtype, const char *x, char *acc, int accsize, int split,
                      int64_t glo, int64_t ghi, int64_t ilo, int64_t ihi) {
-    const int last = L->ng - 1;
+    const int last = L->ng - 1, fold = last >= 1 && !L->red[last]; /* groups alternate: last - 1 is reduced */
+    const int top = fold ? last - 2 : last - 1;                       /* the innermost group walked */
+    const int64_t reps = fold ? L->size[last - 1] : 1, stride = fold ? L->xs[last - 1] : 0;
     int64_t idx[MAX_GROUPS], lo[MAX_GROUPS], hi[MAX_GROUPS];
     int64_t xoff = ilo, aoff = L->red[last] ? 0 : ilo;
-    for (int g = 0; g < last; g++) {
+    for (int g = 0; g <= top; g++) {
         lo[g] = g == split ? glo : 0;
         hi[g] = g == split ? ghi : L->size[g];
         if (lo[g] >= hi[g]) return;
@@ -147,8 +157,8 @@ static void run_rows(const layout *L, int op, int dtype, const char *x, char *ac
         aoff += lo[g] * L->as[g];
     }
     for (;;) {
-        do_row(op, dtype, x, xoff, ihi - ilo, acc + aoff * accsize, L->red[last]);
-        int g = last - 1;
+        do_row(op, dtype, x, xoff, ihi - ilo, acc + aoff * accsize, L->red[last], reps, stride);
+        int g = top;
         for (; g >= 0; g--) {
             if (++idx[g] < hi[g]) {
                 xoff += L->xs[g];
@@ -258,14 +268,14 @@ int sg_reduce(int op, int in_dtype, const char *x, int64_t xo, int out_dtype, ch
                 return SG_ENOMEM;
             }
             if (nc == 1) {
-                do_row(op, in_dtype, x, 0, total, acc, 1);
+                do_row(op, in_dtype, x, 0, total, acc, 1, 1, 0);
             } else {
                 const int T = sg_threads_for(total, RED_GRAIN);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(T) if (T > 1)
                 for (int64_t c = 0; c < nc; c++) {
                     memcpy(part + c * accsize, acc, accsize);
                     do_row(op, in_dtype, x, c * FULL_CHUNK, sg_min64(FULL_CHUNK, total - c * FULL_CHUNK),
-                           part + c * accsize, 1);
+                           part + c * accsize, 1, 1, 0);
                 }
                 for (int64_t c = 0; c < nc; c++) {
                     if (in_float)

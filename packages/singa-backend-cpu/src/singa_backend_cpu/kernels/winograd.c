@@ -7,7 +7,10 @@
  *
  * The tiles are cut into chunks that threads take whole: a chunk's transformed inputs V[36][tiles][C] and products
  * M[36][tiles][K] stay in the thread's L2 between the three stages (input transform, the 36 products through
- * sg_gemm_f32, output transform). Transforms work on VW channels at a time, one vector of the path's widest registers
+ * sg_gemm_f32_on_thread, output transform). Those products are small (tiles x C times C x K, C and K 16-256): oneDNN's
+ * sgemm, where it is loaded, runs them without OpenBLAS's packing of both operands on every call, which took twice the
+ * products' own time at 16-64 channels (AMD EPYC Zen 3, AVX2: 1x16x55x55 -> 64 1.0 -> 0.45 ms, ResNet's 64-256
+ * channel layers 10-35% faster). Transforms work on VW channels at a time, one vector of the path's widest registers
  * (GCC's vector extension: 16 floats in AVX-512's, 8 in AVX2's or two SSE ones; 16-float vectors on the AVX2 path
  * were lowered to 128-bit pieces and stack traffic, at 3x the time); C and K must be multiples of 16. x and y are
  * either in channel blocks of 16 or 8 (N, C/16, H, W, 16 or N, C/8, H, W, 8: oneDNN's layouts with AVX-512 and with
@@ -281,7 +284,7 @@ static void run_chunk(const sg_wino *g, const float *x, const float *u, const fl
         }
     }
     for (int xi = 0; xi < 36; xi++) /* M[xi] (tn x K) = V[xi] (tn x C) @ U[xi] (C x K), on this thread */
-        sg_gemm_f32(0, 0, tn, K, C, 1.f, sc->v + xi * tc * C, C, u + xi * C * K, K, 0.f, sc->m + xi * tc * K, K, 0);
+        sg_gemm_f32_on_thread(tn, K, C, sc->v + xi * tc * C, u + xi * C * K, sc->m + xi * tc * K);
     int64_t row_of = -1, lo = 0, hi = 0; /* the tile row in sc->out and its columns written */
     for (int64_t tt = 0; tt <= tn; tt++) { /* output transform; one more turn to hand over the last strip */
         const int64_t t = t0 + tt, n = t / (TH * TW), ty = t % (TH * TW) / TW, tx = t % TW;
