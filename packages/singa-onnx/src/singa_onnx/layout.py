@@ -5,8 +5,8 @@ convolutions fastest on activations laid out (N, C/B, H, W, B). Converting every
 and to NCHW costs a pass over each activation (ResNet-50 at batch 1: ~100 conversions, 9% of the run). The plan
 instead keeps a value blocked when everything that touches it can take it so:
 
-* FusedConv nodes (every float 2-D convolution of the folded program) write it, read it as input x or as the
-  residual (which shares the output's layout);
+* FusedConv nodes (the folded program's float 2-D convolutions, ungrouped or depthwise) write it, read it as
+  input x or as the residual (which shares the output's layout);
 * Relu, same-shape Add / Sum and channel Concat give the same elements in either layout when all their operands
   share it (a concatenation of whole channel blocks copies the same byte ranges as an NCHW one), and 2-D MaxPool /
   AveragePool run in it (pool2d's `blocks`), so each such node joins its inputs and output into one group that is
@@ -46,7 +46,7 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
     readers: set[tuple[int, int]] = set()
     for node in program.nodes:
         ins, outs = node.inputs, node.outputs
-        if node.op_type == "FusedConv" and node.domain == "com.microsoft" and _plain_conv(node, shapes, block):
+        if node.op_type == "FusedConv" and node.domain == "com.microsoft" and _plain_conv(node, shapes):
             producers.add(outs[0])
             readers.add((id(node), 0))
             if len(ins) > 3 and ins[3]:
@@ -75,17 +75,20 @@ def blocked_values(program: Any, shapes: dict[str, tuple], block: int) -> frozen
     return frozenset(n for n in producers if groups.root(n) not in spoiled)
 
 
-def _plain_conv(node: Any, shapes: dict, block: int) -> bool:
+def _plain_conv(node: Any, shapes: dict) -> bool:
     """A FusedConv the handler runs as one conv2d_fused call (ReLU or no activation, a residual of the output's
-    shape: see ops/nn.py fused_conv) whose channel groups, if any, are whole blocks or single channels."""
+    shape: see ops/nn.py fused_conv), ungrouped or depthwise."""
     if (node.attr("activation", "") or "") not in ("", "Relu") or len(node.inputs) < 2:
         return False
     x, y = shapes.get(node.inputs[0]), shapes.get(node.outputs[0])
     if x is None or y is None or len(x[0]) != 4:
         return False
     groups = node.attr("group", 1)
-    cg, kg = x[0][1] // groups, y[0][1] // groups
-    if groups > 1 and cg != 1 and (cg % block or kg % block):  # groups that straddle blocks: no blocked kernels
+    cg = x[0][1] // groups
+    if groups > 1 and cg != 1:
+        # grouped, not depthwise: oneDNN has blocked kernels only for groups of whole blocks, and those are its
+        # generic direct ones (AVX2, ShuffleNet's 4 groups of 136 channels at 7x7: 26 GFLOP/s, 0.28 ms, against 0.15
+        # on NCHW with its per-group GEMM); on NCHW the device picks the fastest provider per shape
         return False
     z = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
     return z is None or shapes.get(z) == y
