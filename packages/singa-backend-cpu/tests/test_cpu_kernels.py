@@ -737,6 +737,8 @@ CONV_CASES = [
     (16, 32, 8, 8, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # ... pointwise, batched
     (4, 16, 32, 32, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # ... pointwise, read in place
     (3, 16, 20, 20, 24, 3, 3, (2, 2), (1, 0, 2, 1), (2, 1), 1),  # ... more threads than images would be idle
+    (1, 64, 32, 32, 96, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 4),  # grouped pointwise, fewer images than threads:
+    (2, 48, 9, 9, 24, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 3),  # ... whole (image, group) products per thread
 ]
 
 

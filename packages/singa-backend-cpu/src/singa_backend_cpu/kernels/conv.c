@@ -159,6 +159,11 @@ static int dw_threads(const geometry *q, int64_t items) {
     return items < T ? (int)sg_max64(items, 1) : T;
 }
 
+/* One dense row-major product c (m x n) = a (m x k) @ b (k x n) on the calling thread (conv_real.h's pointwise
+ * groups): float32 through the outside GEMM where one is set (oneDNN's sgemm), else OpenBLAS. */
+#define gemm_on_thread_f32(m, n, k, a, b, c) sg_gemm_f32_on_thread(m, n, k, a, b, c)
+#define gemm_on_thread_f64(m, n, k, a, b, c) sg_gemm_f64(0, 0, m, n, k, 1.0, a, k, b, n, 0.0, c, n, 0)
+
 #define SG_REAL_TEMPLATE "conv_real.h"
 #include "real.h"
 

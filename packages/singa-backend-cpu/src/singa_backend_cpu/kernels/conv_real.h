@@ -508,9 +508,27 @@ static void SG_R(forward_images)(const geometry *q, const sg_real *x, const sg_r
     }
 }
 
+/* A grouped pointwise convolution with fewer images than threads (ShuffleNet's 1x1 layers at batch 1): whole
+ * (image, group) products per thread, where splitting each small product over the threads (the images path) cost
+ * twice the time (4 groups of 136 channels at 7x7: 0.17 ms against oneDNN's 0.13 on NCHW). */
+static int SG_R(pointwise_groups)(const geometry *q, const sg_real *x, const sg_real *w, sg_real *y) {
+    const int64_t items = q->N * q->G;
+    const int T = (int)sg_min64(sg_threads_for(q->N * q->K * q->ohw * q->ckk, 1 << 18), items);
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+    for (int64_t i = 0; i < items; i++) {
+        const int64_t n = i / q->G, g = i % q->G;
+        SG_R(gemm_on_thread)(q->Kg, q->ohw, q->Cg, w + g * q->Kg * q->Cg, x + (n * q->C + g * q->Cg) * q->hw,
+                       y + (n * q->K + g * q->Kg) * q->ohw);
+    }
+    return SG_OK;
+}
+
 static int SG_R(conv_forward)(const geometry *q, const sg_real *x, const sg_real *w, const sg_real *b, sg_real *y) {
     if (is_depthwise(q)) return SG_R(dw_run)(q, 0, x, w, b, y);
-    const int err = SG_R(im2col_run)(q, SG_R(forward_images), !is_pointwise(q) || chunk_images(q) > 1, x, w, y, 0);
+    const int pointwise = is_pointwise(q);
+    const int err = pointwise && q->G > 1 && image_threads(q) == 1
+                        ? SG_R(pointwise_groups)(q, x, w, y)
+                        : SG_R(im2col_run)(q, SG_R(forward_images), !pointwise || chunk_images(q) > 1, x, w, y, 0);
     if (err || !b) return err;
     const int TB = sg_threads_for(q->N * q->K * q->ohw, 1 << 15);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(TB) if (TB > 1)
