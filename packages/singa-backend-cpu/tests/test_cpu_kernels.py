@@ -845,6 +845,32 @@ def test_winograd_is_turned_off_by_singa_winograd_0():
         assert r.stdout.split()[-1] == want, (setting, r.stdout)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_conv2d_post_ops_pass(dt):
+    """sg_conv2d_post, conv2d_fused's residual add and ReLU in one pass (a replayed graph's output planned over its
+    residual runs it into the residual's own bytes): y = t + r, then ReLU, NaN kept, r absent or y aliasing t or r."""
+    from singa_backend_cpu.device import lib
+
+    code = {np.float32: dtypes.float32, np.float64: dtypes.float64}[dt]
+    n = 70001  # threaded, and not a multiple of any vector width
+    t = RNG.standard_normal(n).astype(dt)
+    r = RNG.standard_normal(n).astype(dt)
+    t[:3] = [np.nan, -0.0, np.inf]
+    for relu in (0, 1):
+        for with_r in (False, True):
+            want = (t.astype(np.float64) + (r if with_r else 0)).astype(dt)
+            if relu:
+                want = np.where(want < 0, dt(0), want)
+            for into in ("new", "t", "r"):
+                tv, rv = put(t), put(r)
+                yv = {"new": empty((n,), dt), "t": tv, "r": rv}[into]
+                assert lib.sg_conv2d_post(code, yv.buffer.handle, yv.offset, tv.buffer.handle, tv.offset,
+                                          rv.buffer.handle if with_r else ffi.NULL, rv.offset if with_r else 0, n,
+                                          relu) == 0
+                np.testing.assert_array_equal(get(yv), want, err_msg=f"relu {relu} residual {with_r} into {into}")
+    assert lib.sg_conv2d_post(dtypes.float16, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0, 1, 0) != 0  # not float16
+
+
 def test_conv2d_rejects_bad_groups():
     with pytest.raises(ValueError, match="conv2d"):
         K["conv2d"](empty((1, 4, 3, 3), np.float32), put(np.zeros((1, 3, 3, 3), np.float32)),

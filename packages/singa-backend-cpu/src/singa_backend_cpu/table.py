@@ -353,25 +353,19 @@ def _stash(v):
     return t
 
 
-def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks, slow):
+def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding, dilation, groups, blocks, slow,
+                       dest=None):
     """Graph replay's launch of a forward convolution, worked out once: the oneDNN plan it runs on
-    (onednn.bound_conv), or our own kernel with its arguments made; None where the call must go the whole way."""
+    (onednn.bound_conv), or our own kernel with its arguments made; None where the call must go the whole way.
+    `dest`: where the post-ops leave the result (default out)."""
     if _shares_output(out, residual) and blocks == (0, 0):
         g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups,
                            (out, x, w, b, residual))
         if onednn.chosen(name, g, b is not None, (True, activation == "relu")) != onednn.BLOCKED:
-            # our kernel and oneDNN's NCHW plans add the residual after writing the output: a copy of it first
-            kept = _stash(residual)
-            inner = _bind_conv_forward(name, out, x, w, b, kept, activation, stride, padding, dilation, groups,
-                                       blocks, slow)
-            if inner is None:
-                return None
-
-            def launch() -> None:
-                _copy(kept, residual)
-                inner()
-
-            return launch
+            # our kernel and oneDNN's NCHW plans add the residual after writing the output: they write a scratch
+            # output instead, and the post-op pass leaves act(scratch + residual) where the residual lies
+            return _bind_conv_forward(name, _new_like(out), x, w, b, residual, activation, stride, padding,
+                                      dilation, groups, blocks, slow, dest=out)
     views = (out, x, w, b, residual)
     if x.dtype not in FLOATS or any(v is not None and (v.dtype != x.dtype or v.strides != _layout(v.shape)[0])
                                     for v in views):
@@ -381,7 +375,7 @@ def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding
     g = _conv_geometry(name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, views)
     post = (residual is not None, activation == "relu")
     if blocks == (0, 0) and (x.dtype != F32 or onednn.chosen(name, g, b is not None, post) == onednn.OWN):
-        return _bind_own_conv(name, g, views, post[1])
+        return _bind_own_conv(name, g, views, post[1], dest)
     if x.dtype != F32:
         return None
     if blocks != (0, 0):
@@ -390,29 +384,50 @@ def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding
             return launch
     operands = [v for v in views if v is not None]
     return onednn.bound_conv(name, g, views, [_address(v) for v in operands], slow, weights=w, bias=b is not None,
-                             post=post, blocks=blocks, tail=_post_ops(out, residual, post[1]))
+                             post=post, blocks=blocks, tail=_post_ops(out, residual, post[1], dest))
 
 
-def _post_ops(out, residual, relu: bool) -> Callable[[], None]:
-    """conv2d_fused's residual add and ReLU as the backend's kernels on the written output."""
+def _post_ops(out, residual, relu: bool, dest=None) -> Callable[[], None]:
+    """conv2d_fused's residual add and ReLU on the written output, into `dest` (default out; it may be the
+    residual): a residual and ReLU in one pass of sg_conv2d_post for contiguous float32 and float64, else the add
+    and relu kernels."""
+    dest = out if dest is None else dest
+    if residual is None and not relu and dest is out:
+        return lambda: None
+    if residual is not None and out.dtype in (F32, F64) and all(v.strides == _layout(v.shape)[0]
+                                                                 for v in (out, residual, dest)):
+        n = _layout(out.shape)[1]
+        args = (out.dtype, dest.buffer.handle, dest.offset, out.buffer.handle, out.offset,
+                *((residual.buffer.handle, residual.offset) if residual is not None else (_NULL, 0)), n, int(relu))
+        post = lib.sg_conv2d_post
+
+        def one_pass() -> None:
+            _check(post(*args), "conv2d_fused", (dest, out, residual))
+
+        return one_pass
     add, act = kernels["add"], kernels["relu"]
 
     def tail() -> None:
+        src = out
         if residual is not None:
-            add(out, out, residual)
+            add(dest, src, residual)
+            src = dest
         if relu:
-            act(out, out)
+            act(dest, src)
+        elif src is not dest:
+            _copy(dest, src)
 
     return tail
 
 
-def _bind_own_conv(name, g, views, relu: bool):
-    """The launch of our own forward convolution kernel on fixed views (as `ours` in _conv_forward)."""
+def _bind_own_conv(name, g, views, relu: bool, dest=None):
+    """The launch of our own forward convolution kernel on fixed views (as `ours` in _conv_forward); `dest`: see
+    _post_ops."""
     out, x, w, b, residual = views
     args = (x.dtype, x.buffer.handle, x.offset, w.buffer.handle, w.offset,
             *((b.buffer.handle, b.offset) if b is not None else (_NULL, 0)), out.buffer.handle, out.offset,
             ffi.new("int64_t[]", g.as_list()))
-    conv, tail = lib.sg_conv2d, _post_ops(out, residual, relu)
+    conv, tail = lib.sg_conv2d, _post_ops(out, residual, relu, dest)
 
     def launch() -> None:
         _check(conv(*args), name, views)

@@ -50,6 +50,10 @@ void sg_set_sgemm(void *fn); /* an outside float32 GEMM (oneDNN's dnnl_sgemm sig
 /* conv.c: geom = N, C, H, W, K, kh, kw, OH, OW, stride h, w, pad top, left, bottom, right, dilation h, w, groups */
 int sg_conv2d(int dtype, const char *x, int64_t xo, const char *w, int64_t wo, const char *b, int64_t bo, char *y,
               int64_t yo, const int64_t *geom);
+/* conv2d_fused's post-ops in one pass over n elements: y = t + r, then max(., 0) with relu (NaN kept); r may be NULL,
+ * y may be t or r. float32 and float64 (else SG_EDTYPE: the caller takes the add and relu kernels). */
+int sg_conv2d_post(int dtype, char *y, int64_t yo, const char *t, int64_t to, const char *r, int64_t ro, int64_t n,
+                   int relu);
 int sg_conv2d_backward_data(int dtype, const char *dy, int64_t dyo, const char *w, int64_t wo, char *dx, int64_t dxo,
                             const int64_t *geom);
 int sg_conv2d_backward_weight(int dtype, const char *dy, int64_t dyo, const char *x, int64_t xo, char *dw,
