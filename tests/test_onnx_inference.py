@@ -165,19 +165,23 @@ def fire_and_residual(c=32, head="GlobalAveragePool"):
                       inits)
 
 
-@pytest.mark.parametrize(("batch", "head"), [(1, "GlobalAveragePool"), (3, "GlobalAveragePool"), (2, "AveragePool")])
-def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch, head):
-    # the device's channel-blocked layout (oneDNN's on x86) between convolutions, Relu, Add and Concat; NCHW for the
-    # graph's outputs, what MaxPool reads and a convolution whose channels are not whole blocks
-    m = fire_and_residual(head=head)
-    x = arr(batch, 3, 8, 8)
+def blocked_values_of_runs(m, dev, x) -> set:
+    """The values the inference plan of model m (input "x") keeps in channel blocks, after checking its recorded and
+    replayed runs and the graph as imported against onnxruntime, and the replay against the recorded run."""
     rep, runs, plain = both(m, dev, [x])
     want = ort_run(m, {"x": x})
     for got in runs + [plain]:
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(runs[1][0], runs[2][0])  # the replay computes what the recorded run did
-    blocked = rep.inference_plan().blocked()
+    return rep.inference_plan().blocked()
+
+
+@pytest.mark.parametrize(("batch", "head"), [(1, "GlobalAveragePool"), (3, "GlobalAveragePool"), (2, "AveragePool")])
+def test_activations_between_convolutions_stay_in_channel_blocks(dev, batch, head):
+    # the device's channel-blocked layout (oneDNN's on x86) between convolutions, Relu, Add and Concat; NCHW for the
+    # graph's outputs, what MaxPool reads and a convolution whose channels are not whole blocks
+    blocked = blocked_values_of_runs(fire_and_residual(head=head), dev, arr(batch, 3, 8, 8))
     if dev.channel_block == 0:  # no blocked layout on this device (no oneDNN): nothing changes
         assert blocked == set()
         return
@@ -213,14 +217,7 @@ def test_grouped_convolutions_run_on_nchw_and_depthwise_ones_in_channel_blocks(d
              helper.make_node("Conv", ["rc3", "Wd2"], ["d2"], pads=[1, 1, 1, 1], group=c),
              helper.make_node("Relu", ["d2"], ["rd2"]), helper.make_node("Conv", ["rd2", "W4"], ["y"])]
     m = make_model(nodes, [vi("x", ["N", 3, 8, 8])], [vi("y", ["N", 8, 8, 8]), vi("gp", ["N", c, 1, 1])], inits)
-    x = arr(batch, 3, 8, 8)
-    rep, runs, plain = both(m, dev, [x])
-    want = ort_run(m, {"x": x})
-    for got in runs + [plain]:
-        for a, w in zip(got, want):
-            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(runs[1][0], runs[2][0])
-    blocked = rep.inference_plan().blocked()
+    blocked = blocked_values_of_runs(m, dev, arr(batch, 3, 8, 8))
     if dev.channel_block == 0:
         assert blocked == set()
         return
