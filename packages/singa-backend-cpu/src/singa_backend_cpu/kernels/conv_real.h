@@ -518,7 +518,7 @@ static int SG_R(pointwise_groups)(const geometry *q, const sg_real *x, const sg_
     for (int64_t i = 0; i < items; i++) {
         const int64_t n = i / q->G, g = i % q->G;
         SG_R(gemm_on_thread)(q->Kg, q->ohw, q->Cg, w + g * q->Kg * q->Cg, x + (n * q->C + g * q->Cg) * q->hw,
-                       y + (n * q->K + g * q->Kg) * q->ohw);
+                             y + (n * q->K + g * q->Kg) * q->ohw);
     }
     return SG_OK;
 }
