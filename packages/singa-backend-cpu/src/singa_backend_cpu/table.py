@@ -397,8 +397,8 @@ def _post_ops(out, residual, relu: bool, dest=None) -> Callable[[], None]:
     if residual is not None and out.dtype in (F32, F64) and all(v.strides == _layout(v.shape)[0]
                                                                  for v in (out, residual, dest)):
         n = _layout(out.shape)[1]
-        args = (out.dtype, dest.buffer.handle, dest.offset, out.buffer.handle, out.offset,
-                *((residual.buffer.handle, residual.offset) if residual is not None else (_NULL, 0)), n, int(relu))
+        args = (out.dtype, dest.buffer.handle, dest.offset, out.buffer.handle, out.offset, residual.buffer.handle,
+                residual.offset, n, int(relu))
         post = lib.sg_conv2d_post
 
         def one_pass() -> None:
