@@ -150,6 +150,24 @@ def test_replayed_blocked_convolutions_keep_transformed_constant_weights_until_d
     assert len(winograd._kept) == 1  # the first declaration's copy is dropped with its token
 
 
+def test_weights_of_one_shape_in_several_layers_are_each_transformed_once(monkeypatch):
+    # a model repeats its 3x3 shapes (SqueezeNet's fire modules, ResNet's blocks): each layer's transformed weights
+    # stay kept beside the others', not evicting them at every call
+    choose(monkeypatch, True)
+    puts = []
+    put = winograd._kept.put
+    monkeypatch.setattr(winograd._kept, "put", lambda *a: puts.append(a[0]) or put(*a))
+    x, w1, b, _, _ = operands(n=1, c=16, h=14, k=32)
+    w2 = (RNG.standard_normal(w1.shape) * 0.1).astype(np.float32)
+    tx, tw1, tw2, tb = (tensor.from_numpy(a, DEV) for a in (to_blocks(x), w1, w2, b))
+    declare_constant([tw1.buffer, tw2.buffer])
+    for _ in range(3):
+        for w, tw in ((w1, tw1), (w2, tw2)):
+            y = ops.conv2d(tx, tw, tb, 1, 1, blocks=BLOCKS)
+            close(from_blocks(tensor.to_numpy(y)), conv_ref(x, w, b, (1, 1, 1, 1)))
+    assert len(puts) == 2 and len(winograd._kept) == 2
+
+
 @pytest.mark.parametrize("block", [0, 8, 16], ids=["nchw", "blocks8", "blocks16"])
 @pytest.mark.parametrize(("n", "c", "h", "w", "k", "pad"), [(2, 32, 11, 14, 48, (1, 1, 1, 1)),
                                                           (1, 16, 9, 7, 32, (0, 2, 1, 0)),

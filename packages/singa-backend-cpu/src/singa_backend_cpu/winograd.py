@@ -25,14 +25,14 @@ from singa_backend_cpu.kept import KeptCopies
 BLOCKS = (8, 16)  # the channel blocks the kernel reads and writes in place
 
 _choices: dict[tuple, bool] = {}  # (geometry, bias, residual, relu, blocks) -> Winograd chosen over oneDNN
-_kept = KeptCopies()  # (geometry, weights offset) -> transformed weights of constant weights
+_kept = KeptCopies()  # (geometry, weights offset, declaration token) -> transformed weights of constant weights
 _lock = threading.Lock()
 
 
 def _transformed(w: Any, geometry: Any, keep: bool) -> np.ndarray:
     """The transformed weights of view w; kept (and reused) while its buffer stays declared constant."""
     token = constant_token(w.buffer) if keep else 0
-    key = (tuple(geometry), w.offset)
+    key = (tuple(geometry), w.offset, token)  # the token tells apart the many weights of one shape in a model
     if token:
         u = _kept.get(key, w.buffer, token)
         if u is not None:
