@@ -209,7 +209,8 @@ def run(quick: bool = False) -> Table:
         "Add). A replayed run calls each kernel from Python; convolutions, poolings, copies and element-wise "
         "kernels as launches worked out when the run was recorded (the CPU backend's `bind`; a oneDNN plan is one C "
         "call), a few microseconds each. At batch 1 the kernels that make a channel Concat's inputs write into it "
-        "(no copies), and outputs nothing reads (Dropout's mask) are not computed.")
+        "(no copies); Identity and inference Dropout nodes are left out (SqueezeNet's Dropout no longer keeps its "
+        "last convolution's operands out of channel blocks).")
     table.notes.append(benchlib.openmp_note())
     return table
 

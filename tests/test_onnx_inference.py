@@ -224,6 +224,52 @@ def test_grouped_convolutions_run_on_nchw_and_depthwise_ones_in_channel_blocks(d
     assert blocked == {"rc3", "rd2"}, blocked
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_identity_and_inference_dropout_are_left_out(dev, opset):
+    # SqueezeNet's Dropout before its last convolution, an Identity before it: the convolution reads their input,
+    # which stays in channel blocks; a Dropout whose mask is read, one in training mode and an Identity giving a graph
+    # output stay in the program
+    c = 16
+    inits = [nh.from_array(arr(c, 3, 3, 3, scale=0.3), "W0"), nh.from_array(arr(c, c, 1, 1, scale=0.2), "W1"),
+             nh.from_array(arr(c, 3, 1, 1, scale=0.2), "W2")]
+    drop = ["ratio", "off"] if opset >= 13 else []
+    if opset >= 13:
+        inits += [nh.from_array(np.array(0.5, np.float32), "ratio"), nh.from_array(np.array(False), "off"),
+                  nh.from_array(np.array(True), "on")]
+    nodes = [helper.make_node("Conv", ["x", "W0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Identity", ["r0"], ["i0"]),
+             helper.make_node("Dropout", ["i0"] + drop, ["d0", "unread_mask"]),
+             helper.make_node("Dropout", ["d0"], ["d1"]),
+             helper.make_node("Conv", ["d1", "W1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("GlobalAveragePool", ["r1"], ["g"]), helper.make_node("Identity", ["r1"], ["r1_out"]),
+             helper.make_node("Dropout", ["x"], ["d2", "mask"]), helper.make_node("Conv", ["d2", "W2"], ["y"])]
+    outputs = [vi("g", ["N", c, 1, 1]), vi("y", ["N", c, 8, 8]), vi("mask", ["N", 3, 8, 8], TP.BOOL),
+               vi("r1_out", ["N", c, 8, 8])]
+    if opset >= 13:  # training_mode a constant true: random, so only its sum is an output
+        nodes += [helper.make_node("Dropout", ["x", "ratio", "on"], ["t"]),
+                  helper.make_node("ReduceSum", ["t"], ["ts"], keepdims=0)]
+        outputs.append(vi("ts", []))
+    m = make_model(nodes, [vi("x", ["N", 3, 8, 8])], outputs, inits, opset=opset)
+    x = arr(2, 3, 8, 8)
+    rep, runs, plain = both(m, dev, [x])
+    kinds = [n.op_type for n in rep.inference_plan().program.nodes]
+    assert kinds.count("Identity") == 1, kinds
+    assert kinds.count("Dropout") == 1 + (opset >= 13), kinds
+    want = ort_run(m, {"x": x})
+    for got in runs + [plain]:
+        for k in (0, 1, 3):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+        # all true outside training (onnx.reference; onnxruntime's opset-11 kernel gives all false)
+        assert got[2].dtype == np.bool_
+        assert got[2].shape == x.shape
+        assert got[2].all()
+    if opset >= 13:  # half the elements dropped, the others doubled
+        assert np.isfinite(runs[-1][4])
+        assert abs(runs[-1][4] - np.sum(x, dtype=np.float64)) > 1e-3
+    # r1 is read by the Identity that stays
+    assert rep.inference_plan().blocked() == ({"r0"} if dev.channel_block else set())
+
+
 @pytest.mark.parametrize(("activation", "params"), [("Relu", []), ("", []), ("LeakyRelu", [0.2]), ("Tanh", []),
                                                     ("Sigmoid", []), ("Clip", [-0.5, 0.7]),
                                                     ("HardSigmoid", [0.3, 0.4])])

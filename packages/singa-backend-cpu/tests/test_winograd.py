@@ -165,7 +165,8 @@ def test_weights_of_one_shape_in_several_layers_are_each_transformed_once(monkey
         for w, tw in ((w1, tw1), (w2, tw2)):
             y = ops.conv2d(tx, tw, tb, 1, 1, blocks=BLOCKS)
             close(from_blocks(tensor.to_numpy(y)), conv_ref(x, w, b, (1, 1, 1, 1)))
-    assert len(puts) == 2 and len(winograd._kept) == 2
+    assert len(puts) == 2
+    assert len(winograd._kept) == 2
 
 
 @pytest.mark.parametrize("block", [0, 8, 16], ids=["nchw", "blocks8", "blocks16"])

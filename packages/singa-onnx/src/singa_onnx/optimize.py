@@ -5,6 +5,9 @@
 * constant folding: a node whose inputs are all constants (initializers, Constant nodes, earlier folded values) runs
   once here, with the same handler a run would use, and its outputs become constants (`Unsqueeze` of a weight,
   `ConstantOfShape`, shape arithmetic ...). Random operators and nodes with subgraphs are left alone;
+* Identity, and Dropout outside training with no mask read, are left out: their readers read the input instead
+  (as onnxruntime does; a value passed through them would otherwise keep the plan from laying out what surrounds
+  them in channel blocks, see singa_onnx.layout);
 * BatchNormalization in inference mode after a Conv whose output it alone reads: folded into the convolution's
   weights and bias (W * s and (b - mean) * s + beta, with s = gamma / sqrt(var + eps) and the bias in float64, the
   weights multiplied in float32);
@@ -57,7 +60,7 @@ def fold(program: Program, device: Device, params: dict[str, Tensor]) -> Program
                 values.update(outs)
                 continue
         nodes.append(node)
-    f = _Folder(program, nodes, values)
+    f = _Folder(program, _skip_identities(nodes, values, program.outputs), values)
     f.run()
     out = copy.copy(program)
     out.nodes = _fuse_conv(_fuse_gelu(f.nodes, values, program.outputs), values, program.outputs)
@@ -136,6 +139,44 @@ def _bn_inference(node: OnnxNode) -> bool:
     if node.opset >= 14:
         return not node.attr("training_mode", 0)
     return True
+
+
+def _skip_identities(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
+    """`nodes` without the Identity nodes and the inference Dropouts (training_mode absent or a constant false, the
+    mask not read), their readers given the input instead. A node stays where its output is a graph output or is
+    read inside a subgraph (whose free names this pass does not rewrite)."""
+    kept = set(outputs)
+    for node in nodes:
+        for sub in node.subgraphs.values():
+            for p in sub if isinstance(sub, list) else [sub]:
+                kept.update(p.free)
+    read = {n for node in nodes for n in node.uses}
+    alias: dict[str, str] = {}
+    for node in nodes:
+        if node.domain or not node.inputs or not node.inputs[0] or not node.outputs or node.outputs[0] in kept:
+            continue
+        if node.op_type == "Identity" and len(node.outputs) == 1:
+            pass
+        elif node.op_type == "Dropout" and not (len(node.outputs) > 1 and node.outputs[1] in read | kept):
+            mode = node.inputs[2] if node.opset >= 12 and len(node.inputs) > 2 else ""
+            if mode and (mode not in values or _host(values[mode]) is None or _host(values[mode]).any()):
+                continue
+        else:
+            continue
+        alias[node.outputs[0]] = alias.get(node.inputs[0], node.inputs[0])
+    if not alias:
+        return nodes
+    out = []
+    for node in nodes:
+        if node.outputs and node.outputs[0] in alias:
+            continue
+        if any(n in alias for n in node.inputs):
+            node = copy.copy(node)
+            node.inputs = [alias.get(n, n) for n in node.inputs]
+            node.uses = [alias.get(n, n) for n in node.uses]
+            node.scratch = {}
+        out.append(node)
+    return out
 
 
 class _Folder:
