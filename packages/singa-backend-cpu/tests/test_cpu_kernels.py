@@ -1424,6 +1424,40 @@ def test_bound_copies_replay_on_new_contents(dt):
         np.testing.assert_array_equal(get(cat)[:, :, 5:], a.transpose(0, 2, 1))
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_bound_layer_norms_and_softmaxes_replay_on_new_contents(dt):
+    # a transformer's replay runs layer_norm and (log-)softmax, forward and backward, as launches bound once; each must
+    # read what its inputs hold at the time of the call (float64 numpy references); a strided input has no launch
+    rows, cols = 96, 200  # enough rows for the threads to share them
+    x, y = put(np.zeros((rows, cols), dt)), empty((rows, cols), dt)
+    mean, invstd = empty((rows,), dt), empty((rows,), dt)
+    scale, bias = put(RNG.standard_normal(cols).astype(dt)), put(RNG.standard_normal(cols).astype(dt))
+    sm, lsm, dy, dx, dlx = (empty((rows, cols), dt) for _ in range(5))
+    launches = [K["layer_norm"].bind(y, mean, invstd, x, scale, bias, eps=1e-5),
+                K["softmax"].bind(sm, x, axis=1), K["log_softmax"].bind(lsm, x, axis=-1),
+                K["softmax_backward"].bind(dx, dy, sm, axis=1), K["log_softmax_backward"].bind(dlx, dy, lsm, axis=1)]
+    assert all(callable(f) for f in launches)
+    assert K["softmax"].bind(sm, View(x.buffer, x.dtype, (rows, cols // 2), (cols, 2), 0), axis=1) is None
+    tol = 1e-5 if dt == np.float32 else 1e-12
+    for _ in range(2):
+        a = (RNG.standard_normal((rows, cols)) * 3 + 1).astype(dt)
+        g = RNG.standard_normal((rows, cols)).astype(dt)
+        DEV.write(x, a)
+        DEV.write(dy, g)
+        for f in launches:
+            f()
+        a64, g64 = a.astype(np.float64), g.astype(np.float64)
+        m, v = a64.mean(1, keepdims=True), a64.var(1, keepdims=True)
+        close(get(y), ((a64 - m) / np.sqrt(v + 1e-5) * get(scale) + get(bias)).astype(dt), dt, rtol=tol, atol=tol)
+        close(get(mean), m[:, 0].astype(dt), dt, rtol=tol, atol=tol)
+        e = np.exp(a64 - a64.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
+        close(get(sm), p.astype(dt), dt, rtol=tol, atol=tol)
+        close(get(lsm), np.log(p).astype(dt), dt, rtol=tol, atol=tol)
+        close(get(dx), (p * (g64 - (g64 * p).sum(1, keepdims=True))).astype(dt), dt, rtol=tol, atol=tol)
+        close(get(dlx), (g64 - p * g64.sum(1, keepdims=True)).astype(dt), dt, rtol=tol, atol=tol)
+
+
 # -- optimizer updates --------------------------------------------------------------------------------------------
 
 

@@ -701,51 +701,101 @@ def _batchnorm_backward(dx, dscale, dbias, dy, x, scale, saved_mean, saved_invst
 
 
 def _layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> None:
+    s, b = (None if v is None else _contiguous(v) for v in (scale, bias))
+    _layer_norm_launch((y, mean, invstd, x, scale, bias), y, mean, invstd, _contiguous(x), s, b, eps)()
+
+
+def _bind_layer_norm(y, mean, invstd, x, scale=None, bias=None, eps=1e-5) -> Callable[[], None] | None:
+    """The normalisation as a zero-argument launch for a graph replay (None where an input needs a contiguous copy:
+    the kernel makes it at each call)."""
     views = (y, mean, invstd, x, scale, bias)
+    if any(v is not None and v.strides != _layout(v.shape)[0] for v in views):
+        return None
+    return _layer_norm_launch(views, *views, eps)
+
+
+def _layer_norm_launch(views: tuple, y, mean, invstd, x, s, b, eps) -> Callable[[], None]:
+    """sg_layer_norm on contiguous x, s, b as a zero-argument launch; errors name the caller's `views`."""
     present = [v for v in views if v is not None]
     if x.dtype not in FLOATS or any(v.dtype != x.dtype for v in present):
         raise _dtype_error("layer_norm", views, FLOATS)
     rows, cols = kernel_checks.layer_norm_dims("cpu", views)
-    x = _contiguous(x)
-    s, b = (None if v is None else _contiguous(v) for v in (scale, bias))
-    status = lib.sg_layer_norm(x.dtype, x.buffer.handle, x.offset, y.buffer.handle, y.offset, mean.buffer.handle,
-                               mean.offset, invstd.buffer.handle, invstd.offset,
-                               ffi.NULL if s is None else s.buffer.handle, 0 if s is None else s.offset,
-                               ffi.NULL if b is None else b.buffer.handle, 0 if b is None else b.offset, rows, cols,
-                               eps)
-    _check(status, "layer_norm", views)
+    args = (x.dtype, x.buffer.handle, x.offset, y.buffer.handle, y.offset, mean.buffer.handle, mean.offset,
+            invstd.buffer.handle, invstd.offset, ffi.NULL if s is None else s.buffer.handle,
+            0 if s is None else s.offset, ffi.NULL if b is None else b.buffer.handle, 0 if b is None else b.offset,
+            rows, cols, eps)
+    launch = lib.sg_layer_norm
+
+    def run() -> None:
+        status = launch(*args)
+        if status:
+            _check(status, "layer_norm", views)
+
+    return run
+
+
+_layer_norm.bind = _bind_layer_norm
 
 
 # -- softmax and losses -------------------------------------------------------------------------------------------
 
 
 def _make_softmax(name: str, log: int) -> Callable:
-    def kernel(out, x, axis=-1):
-        views = (out, x)
+    def launch(views: tuple, out, x, axis) -> Callable[[], None]:
+        """sg_softmax on contiguous x as a zero-argument launch; errors name the caller's `views`."""
         if x.dtype not in FLOATS or out.dtype != x.dtype:
             raise _dtype_error(name, views, FLOATS)
-        x = _contiguous(x)
         outer, length, inner = kernel_checks.softmax_split("cpu", name, x, axis)
-        status = lib.sg_softmax(x.dtype, log, x.buffer.handle, x.offset, out.buffer.handle, out.offset, outer,
-                                length, inner)
-        _check(status, name, views)
+        args = (x.dtype, log, x.buffer.handle, x.offset, out.buffer.handle, out.offset, outer, length, inner)
+        call = lib.sg_softmax
+
+        def run() -> None:
+            status = call(*args)
+            if status:
+                _check(status, name, views)
+
+        return run
+
+    def kernel(out, x, axis=-1):
+        launch((out, x), out, _contiguous(x), axis)()
+
+    def bind(out, x, axis=-1) -> Callable[[], None] | None:
+        if x.strides != _layout(x.shape)[0]:
+            return None
+        return launch((out, x), out, x, axis)
 
     kernel.__name__ = name
+    kernel.bind = bind
     return kernel
 
 
 def _make_softmax_backward(name: str, log: int) -> Callable:
-    def kernel(dx, dy, y, axis=-1):
-        views = (dx, dy, y)
+    def launch(views: tuple, dx, dy, y, axis) -> Callable[[], None]:
+        """sg_softmax_backward on contiguous dy and y as a zero-argument launch."""
         if dy.dtype not in FLOATS or y.dtype != dy.dtype or dx.dtype != dy.dtype:
             raise _dtype_error(name, views, FLOATS)
-        dy, y = _contiguous(dy), _contiguous(y)
         outer, length, inner = kernel_checks.softmax_split("cpu", name, y, axis)
-        status = lib.sg_softmax_backward(dy.dtype, log, dy.buffer.handle, dy.offset, y.buffer.handle, y.offset,
-                                         dx.buffer.handle, dx.offset, outer, length, inner)
-        _check(status, name, views)
+        args = (dy.dtype, log, dy.buffer.handle, dy.offset, y.buffer.handle, y.offset, dx.buffer.handle, dx.offset,
+                outer, length, inner)
+        call = lib.sg_softmax_backward
+
+        def run() -> None:
+            status = call(*args)
+            if status:
+                _check(status, name, views)
+
+        return run
+
+    def kernel(dx, dy, y, axis=-1):
+        launch((dx, dy, y), dx, _contiguous(dy), _contiguous(y), axis)()
+
+    def bind(dx, dy, y, axis=-1) -> Callable[[], None] | None:
+        if any(v.strides != _layout(v.shape)[0] for v in (dy, y)):
+            return None
+        return launch((dx, dy, y), dx, dy, y, axis)
 
     kernel.__name__ = name
+    kernel.bind = bind
     return kernel
 
 

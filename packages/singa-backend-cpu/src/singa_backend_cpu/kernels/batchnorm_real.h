@@ -189,7 +189,7 @@ static int SG_R(bn_backward)(const sg_real *dy, const sg_real *x, sg_real *dx, i
  * as for batch normalisation; the rows are split over the threads. scale and bias may be NULL (1 and 0). */
 static void SG_R(layer_norm)(const sg_real *x, sg_real *y, sg_real *mean, sg_real *invstd, int64_t rows,
                              int64_t cols, const sg_real *scale, const sg_real *bias, double eps) {
-    const int T = sg_threads_for(rows * cols, 1 << 15);
+    const int T = sg_threads_for(rows * cols, 1 << 12);
 #pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
     for (int64_t r = 0; r < rows; r++) {
         const sg_real *xr = x + r * cols;
