@@ -856,6 +856,34 @@ def test_matmul_batched_transposed_views():
           F32, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [F32, dtypes.float64, F16, I32])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_matmul_of_attention_heads_sliced_from_packed_projections(dev, dtype, batch, monkeypatch):
+    # q k^T and p v on the heads of one (batch, seq, 3 * heads * dim) tensor, as a transformer's packed QKV projection
+    # leaves them: each head a (seq, dim) matrix whose rows lie 3 * heads * dim apart, k transposed. A device whose
+    # matmul takes strided operands (`strided_operands`: the CPU's) is handed them where they lie: no copies at batch 1
+    # (there the heads are one batch axis of one stride); the results match float64 numpy either way
+    import singa.ops_linalg as linalg
+
+    heads, seq, dim = 3, 5, 4
+    npt = NP.get(dtype, np.float64)
+    qkv = rng(61).integers(-3, 4, (batch, seq, 3 * heads * dim)).astype(npt)
+    copies = []
+    monkeypatch.setattr(linalg, "copy", lambda x, *a, **k: copies.append(x.shape) or ops.copy(x, *a, **k))
+    t = ops.transpose(ops.reshape(T(qkv), (batch, seq, 3, heads, dim)), (2, 0, 3, 1, 4))
+    q, k, v = (ops.squeeze(t[i], 0) for i in range(3))
+    scores = q @ ops.swapaxes(k, -1, -2)
+    out = scores @ v
+    r = qkv.astype(np.float64).reshape(batch, seq, 3, heads, dim).transpose(2, 0, 3, 1, 4)
+    want_scores = r[0] @ r[1].swapaxes(-1, -2)
+    tol = 1e-2 if dtype == F16 else 1e-9
+    np.testing.assert_allclose(tensor.to_numpy(scores).astype(np.float64), want_scores, rtol=tol, atol=tol)
+    want_out = tensor.to_numpy(scores).astype(np.float64) @ r[2]  # from the scores as computed (float16 rounds them)
+    np.testing.assert_allclose(tensor.to_numpy(out).astype(np.float64), want_out, rtol=tol, atol=tol * 10)
+    if batch == 1 and getattr(dev.kernels.get("matmul"), "strided_operands", False):
+        assert copies == []
+
+
 @pytest.mark.parametrize("dtype", [I32, I64, F16])
 def test_matmul_dtypes(dtype):
     a, b = values((3, 4), dtype, -3, 3, seed=27), values((4, 2), dtype, -3, 3, seed=28)

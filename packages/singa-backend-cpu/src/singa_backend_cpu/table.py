@@ -235,10 +235,7 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
     views = (out, a, b)
     if not (a.dtype == b.dtype == out.dtype):
         raise _dtype_error("matmul", views, FLOATS + (I32, I64))
-    if a.strides != _layout(a.shape)[0]:
-        a = _contiguous(a)
-    if b.strides != _layout(b.shape)[0]:
-        b = _contiguous(b)
+    a, b = (v if _matrix_strides(v) else _contiguous(v) for v in (a, b))
     args, key = _matmul_call((out, a, b), trans_a, trans_b, alpha, beta)
 
     def run(openblas: int) -> None:
@@ -252,15 +249,38 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
         onednn.product(key, run)
 
 
+_matmul.strided_operands = True  # see _matrix_strides
+
+
+def _matrix_strides(v) -> tuple[int, int] | None:
+    """(batch stride, row stride) of a (batch, rows, cols) matmul operand that sg_matmul reads where it lies: float32
+    and float64 matrices whose rows are contiguous and do not overlap (attention's heads of a (seq, heads * dim)
+    tensor: rows heads * dim apart); other dtypes contiguous only. None where the operand needs a contiguous copy."""
+    rows, cols = v.shape[-2:]
+    if v.strides == _layout(v.shape)[0]:
+        return rows * cols, max(cols, 1)
+    if v.dtype not in (F32, F64) or len(v.shape) not in (2, 3):
+        return None
+    batch, sb = (v.shape[0], v.strides[0]) if len(v.shape) == 3 else (1, 0)
+    sr, sc = v.strides[-2:]
+    if (sc != 1 and cols > 1) or batch * rows * cols == 0:
+        return None
+    sr = sr if rows > 1 else max(cols, 1)
+    if sr < max(cols, 1) or (batch > 1 and sb < 0):
+        return None
+    return sb, sr
+
+
 def _matmul_call(views: tuple, trans_a, trans_b, alpha, beta) -> tuple[tuple, tuple | None]:
-    """sg_matmul's arguments for contiguous (out, a, b) but its last (openblas), and the shape key by which
-    onednn.product chooses the provider of a float32 product; None where there is no choice: oneDNN's sgemm not
-    installed, other dtypes, small products, or beta != 0 (a product that accumulates into its output cannot be run
-    twice to time it)."""
+    """sg_matmul's arguments for (out, a, b) but its last (openblas), out contiguous and a, b as _matrix_strides
+    takes them, and the shape key by which onednn.product chooses the provider of a float32 product; None where there
+    is no choice: oneDNN's sgemm not installed, other dtypes, small products, or beta != 0 (a product that accumulates
+    into its output cannot be run twice to time it)."""
     out, a, b = views
     batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])
-    args = (a.dtype, a.buffer.handle, a.offset, b.buffer.handle, b.offset, out.buffer.handle, out.offset, batch, ba,
-            bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha, beta)
+    args = (a.dtype, a.buffer.handle, a.offset, *_matrix_strides(a), b.buffer.handle, b.offset, *_matrix_strides(b),
+            out.buffer.handle, out.offset, batch, ba, bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha,
+            beta)
     if SGEMM != "onednn" or out.dtype != F32 or beta != 0.0 or 2.0 * batch * m * n * k < onednn.PRODUCT_CHOICE_FLOPS:
         return args, None
     return args, (batch, ba, bb, m, n, k, bool(trans_a), bool(trans_b))
@@ -268,7 +288,9 @@ def _matmul_call(views: tuple, trans_a, trans_b, alpha, beta) -> tuple[tuple, tu
 
 def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Callable[[], None] | None:
     """_matmul's call as a zero-argument launch for a graph replay (None where an operand needs a contiguous copy)."""
-    if any(v.strides != _layout(v.shape)[0] for v in (out, a, b)) or not (a.dtype == b.dtype == out.dtype):
+    if out.strides != _layout(out.shape)[0] or not (a.dtype == b.dtype == out.dtype):
+        return None
+    if _matrix_strides(a) is None or _matrix_strides(b) is None:
         return None
     views = (out, a, b)
     args, key = _matmul_call(views, trans_a, trans_b, alpha, beta)

@@ -39,27 +39,58 @@ from singa.tensor import Tensor
 # -- matrix products ----------------------------------------------------------------------------------------------
 
 
-def _mat_operand(X: Tensor, S: tuple, B: int) -> tuple:
+def _strided_matrices(X: Tensor, Bx: int) -> tuple | None:
+    """(a (Bx, r, c) view with strides (batch, row, 1), trans False) or ((Bx, c, r) ..., True) over X's elements where
+    its batch axes step by one stride and its rows (or, transposed, its columns) are contiguous; else None."""
+    r, c = X.shape[-2:]
+    sr, sc = X.strides[-2:]
+    sb = 0
+    size = 1
+    for d, st in zip(reversed(X.shape[:-2]), reversed(X.strides[:-2])):  # the batch axes as one
+        if d == 1:
+            continue
+        if size == 1:
+            sb = st
+        elif st != sb * size:
+            return None
+        size *= d
+    if (sc == 1 or c == 1) and (sr >= c or r == 1):
+        return View(X.buffer, X.dtype, (Bx, r, c), (sb, sr if r > 1 else c, 1), X.offset), False
+    if (sr == 1 or r == 1) and (sc >= r or c == 1):
+        return View(X.buffer, X.dtype, (Bx, c, r), (sb, sc if c > 1 else r, 1), X.offset), True
+    return None
+
+
+def _mat_operand(X: Tensor, S: tuple, B: int, strided: bool = False) -> tuple:
     """X of shape Sx + (r, c) as a (Bx, r, c) view (trans False) or a (Bx, c, r) view (trans True), Bx in {1, B}.
 
-    Row-major and transposed layouts pass without a copy; only other layouts and partial batch broadcasts copy.
+    Row-major and transposed layouts pass without a copy; only other layouts and partial batch broadcasts copy. With
+    `strided` (the device's matmul takes strided operands: see primitives' matmul) matrices whose rows (or columns)
+    are contiguous also pass, on one batch stride: attention's heads, a transposed slice of a (seq, heads * dim) tensor.
     """
     r, c = X.shape[-2:]
     Sx = X.shape[:-2]
     dt = X.dtype
+    whole = (1,) * (len(S) - len(Sx)) + Sx == S  # X has the whole batch (else it broadcasts over it)
     if math.prod(Sx) == 1:
         mshape, mstrides = (r, c), X.strides[-2:]
         if _contig(mshape, mstrides):
             return View(X.buffer, dt, (1, r, c), None, X.offset), False
         if _contig((c, r), mstrides[::-1]):
             return View(X.buffer, dt, (1, c, r), None, X.offset), True
-        Xc = copy(_as_strided(X, mshape, mstrides, X.offset))
-        return View(Xc.buffer, dt, (1, r, c), None, 0), False
-    if (1,) * (len(S) - len(Sx)) + Sx == S:
+    elif whole:
         if _contig(X.shape, X.strides):
             return View(X.buffer, dt, (B, r, c), None, X.offset), False
         if _contig(Sx + (c, r), X.strides[:-2] + X.strides[-2:][::-1]):
             return View(X.buffer, dt, (B, c, r), None, X.offset), True
+    if strided and (whole or math.prod(Sx) == 1):
+        v = _strided_matrices(X, B if math.prod(Sx) > 1 else 1)
+        if v is not None:
+            return v
+    if math.prod(Sx) == 1:
+        Xc = copy(_as_strided(X, (r, c), X.strides[-2:], X.offset))
+        return View(Xc.buffer, dt, (1, r, c), None, 0), False
+    if whole:
         Xc = copy(X)
     else:  # a partial broadcast of the batch axes: materialise the full batch
         Xc = copy(_as_strided(X, S + (r, c), _bview(X, S + (r, c)).strides, X.offset))
@@ -147,8 +178,10 @@ def matmul(a: Tensor, b: Tensor, out: Tensor | None = None, alpha: float = 1.0, 
                 b3, tb = _mat_operand(Bm, (), 1)
                 o3 = View(target.buffer, dt, (1, Bn * m, n), None, target.offset)
             else:
-                a3, ta = _mat_operand(A, S, Bn)
-                b3, tb = _mat_operand(Bm, S, Bn)
+                kernel = _table(dev)["matmul"]  # a graph recorder's hook carries the backend's as __wrapped__
+                strided = getattr(getattr(kernel, "__wrapped__", kernel), "strided_operands", False)
+                a3, ta = _mat_operand(A, S, Bn, strided)
+                b3, tb = _mat_operand(Bm, S, Bn, strided)
                 o3 = View(target.buffer, dt, (Bn, m, n), None, target.offset)
             _table(dev)["matmul"](o3, a3, b3, trans_a=ta, trans_b=tb, alpha=float(alpha), beta=float(beta))
     if out is not None and target is not out:

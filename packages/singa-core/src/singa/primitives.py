@@ -63,7 +63,10 @@ SPECIAL = [
     P("matmul", ("out",), ("a", "b"), ("trans_a", "trans_b", "alpha", "beta"),
       "Batched matrix product out = alpha * op(a) @ op(b) + beta * out. a is (Ba, m, k), or (Ba, k, m) with trans_a; "
       "b is (Bb, k, n), or (Bb, n, k) with trans_b; out is (B, m, n) with Ba, Bb in {1, B} (1 broadcasts). "
-      "beta != 0 reads out (accumulate).", "linalg", inplace=("out",)),
+      "beta != 0 reads out (accumulate). a and b are contiguous unless the kernel callable sets "
+      "`strided_operands = True`: then they may also come with strides (batch stride, row stride, 1), the row stride "
+      "at least the row's length (attention's heads where they lie in a (seq, heads * dim) tensor).", "linalg",
+      inplace=("out",)),
     # -- convolution and pooling (NCHW) -----------------------------------------------------------------------------
     P("conv2d", ("out",), ("x", "w", "b?"), ("stride", "padding", "dilation", "groups"),
       "2-D cross-correlation. x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) or None, out (N, K, OH, OW). "

@@ -41,10 +41,12 @@ int sg_argreduce(int want_max, int dtype, const char *x, int64_t xo, char *out, 
                  int64_t len, int64_t inner);
 
 /* gemm.c: out[B, m, n] = alpha * op(a) @ op(b) + beta * out; a has batch_a (1 or B) matrices, b batch_b; float32
- * on the outside GEMM where one is set, unless `openblas` */
-int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
-              int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-              double alpha, double beta, int openblas);
+ * on the outside GEMM where one is set, unless `openblas`. The matrices of a lie `stride_a` elements apart, each
+ * row `ld_a` (>= its row length) after the one before; likewise b (float32 and float64: any such strides; other
+ * dtypes: contiguous only, SG_EVALUE otherwise). out is contiguous. */
+int sg_matmul(int dtype, const char *a, int64_t ao, int64_t stride_a, int64_t ld_a, const char *b, int64_t bo,
+              int64_t stride_b, int64_t ld_b, char *out, int64_t oo, int64_t batch, int64_t batch_a, int64_t batch_b,
+              int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, double alpha, double beta, int openblas);
 void sg_set_sgemm(void *fn); /* an outside float32 GEMM (oneDNN's dnnl_sgemm signature), or NULL for OpenBLAS */
 
 /* conv.c: geom = N, C, H, W, K, kh, kw, OH, OW, stride h, w, pad top, left, bottom, right, dilation h, w, groups */

@@ -1,6 +1,7 @@
 /* Batched matrix products: float32 and float64 through OpenBLAS sgemm / dgemm, or sgemv / dgemv for a single row or
- * column (gemm_real.h), float16 through float32 copies, integers with plain loops. Operands are contiguous (batch, rows,
- * cols) arrays; a batch count of 1 broadcasts that operand over the batch. */
+ * column (gemm_real.h), float16 through float32 copies, integers with plain loops. Operands are (batch, rows, cols)
+ * arrays, float32 and float64 ones with any batch stride and row stride (attention's heads read where they lie), the
+ * others contiguous; a batch count of 1 broadcasts that operand over the batch. */
 #include "common.h"
 #include "cblas.h" /* scipy-openblas32's header: every symbol carries the scipy_ prefix */
 
@@ -52,7 +53,7 @@ static int mm_f16(const sg_half *a, const sg_half *b, sg_half *c, int64_t batch,
     sg_h2f(a, fa, na);
     sg_h2f(b, fb, nb);
     if (beta != 0.0f) sg_h2f(c, fc, nc);
-    mm_f32(fa, fb, fc, batch, batch_a, batch_b, m, n, k, ta, tb, alpha, beta, 1);
+    mm_f32(fa, m * k, ta ? m : k, fb, k * n, tb ? k : n, fc, batch, batch_a, batch_b, m, n, k, ta, tb, alpha, beta, 1);
     sg_f2h(fc, c, nc);
     free(fa);
     return SG_OK;
@@ -100,20 +101,30 @@ static int mm_f16(const sg_half *a, const sg_half *b, sg_half *c, int64_t batch,
 INT_MM(i32, int32_t)
 INT_MM(i64, int64_t)
 
-int sg_matmul(int dtype, const char *a, int64_t ao, const char *b, int64_t bo, char *out, int64_t oo, int64_t batch,
-              int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
-              double alpha, double beta, int openblas) {
+int sg_matmul(int dtype, const char *a, int64_t ao, int64_t stride_a, int64_t ld_a, const char *b, int64_t bo,
+              int64_t stride_b, int64_t ld_b, char *out, int64_t oo, int64_t batch, int64_t batch_a, int64_t batch_b,
+              int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, double alpha, double beta, int openblas) {
     if (batch == 0 || m == 0 || n == 0) return SG_OK;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || batch * m > INT32_MAX) return SG_EVALUE;
+    const int64_t ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
+    const int64_t min_ld_a = ac > 1 ? ac : 1, min_ld_b = bc > 1 ? bc : 1; /* BLAS wants ld >= 1 */
+    if (ld_a < min_ld_a || ld_b < min_ld_b || ld_a > INT32_MAX || ld_b > INT32_MAX) return SG_EVALUE;
+    const int packed = ld_a == min_ld_a && ld_b == min_ld_b && (batch_a == 1 || stride_a == ar * ac) &&
+                       (batch_b == 1 || stride_b == br * bc);
     switch (dtype) {
     case SG_F32:
-        mm_f32((const float *)a + ao, (const float *)b + bo, (float *)out + oo, batch, batch_a, batch_b, m, n, k,
-               trans_a, trans_b, (float)alpha, (float)beta, !openblas);
+        mm_f32((const float *)a + ao, stride_a, ld_a, (const float *)b + bo, stride_b, ld_b, (float *)out + oo, batch,
+               batch_a, batch_b, m, n, k, trans_a, trans_b, (float)alpha, (float)beta, !openblas);
         return SG_OK;
     case SG_F64:
-        mm_f64((const double *)a + ao, (const double *)b + bo, (double *)out + oo, batch, batch_a, batch_b, m, n, k,
-               trans_a, trans_b, alpha, beta, 0);
+        mm_f64((const double *)a + ao, stride_a, ld_a, (const double *)b + bo, stride_b, ld_b, (double *)out + oo,
+               batch, batch_a, batch_b, m, n, k, trans_a, trans_b, alpha, beta, 0);
         return SG_OK;
+    default:
+        break;
+    }
+    if (!packed) return SG_EVALUE;
+    switch (dtype) {
     case SG_F16:
         return mm_f16((const sg_half *)a + ao, (const sg_half *)b + bo, (sg_half *)out + oo, batch, batch_a, batch_b,
                       m, n, k, trans_a, trans_b, (float)alpha, (float)beta);

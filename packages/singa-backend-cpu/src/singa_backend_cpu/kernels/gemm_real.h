@@ -63,11 +63,13 @@ static void SG_R(mm1)(int ta, int tb, int64_t m, int64_t n, int64_t k, sg_real a
     SG_R(sg_gemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, may_split);
 }
 
-static void SG_R(mm)(const sg_real *a, const sg_real *b, sg_real *c, int64_t batch, int64_t batch_a, int64_t batch_b,
-                     int64_t m, int64_t n, int64_t k, int ta, int tb, sg_real alpha, sg_real beta, int outside) {
-    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-    if (batch > 1 && batch_a == batch && batch_b == 1 && !ta) {
-        /* a stack of row-major matrices times one matrix is one taller product */
+static void SG_R(mm)(const sg_real *a, int64_t sa, int64_t lda, const sg_real *b, int64_t sb, int64_t ldb, sg_real *c,
+                     int64_t batch, int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, int ta, int tb,
+                     sg_real alpha, sg_real beta, int outside) {
+    if (batch_a == 1) sa = 0;
+    if (batch_b == 1) sb = 0;
+    if (batch > 1 && batch_a == batch && batch_b == 1 && !ta && sa == m * lda) {
+        /* a stack of evenly spaced row-major matrices times one matrix is one taller product */
         SG_R(mm1)(ta, tb, batch * m, n, k, alpha, a, lda, b, ldb, beta, c, n, 1, outside);
         return;
     }
@@ -77,11 +79,9 @@ static void SG_R(mm)(const sg_real *a, const sg_real *b, sg_real *c, int64_t bat
         /* many matrices: whole products per thread */
 #pragma omp parallel for schedule(static) num_threads(T)
         for (int64_t i = 0; i < batch; i++)
-            SG_R(mm1)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
-                      b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 0, outside);
+            SG_R(mm1)(ta, tb, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * m * n, n, 0, outside);
         return;
     }
     for (int64_t i = 0; i < batch; i++)
-        SG_R(mm1)(ta, tb, m, n, k, alpha, a + (batch_a == 1 ? 0 : i * m * k), lda,
-                  b + (batch_b == 1 ? 0 : i * k * n), ldb, beta, c + i * m * n, n, 1, outside);
+        SG_R(mm1)(ta, tb, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * m * n, n, 1, outside);
 }
