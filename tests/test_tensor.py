@@ -861,8 +861,8 @@ def test_matmul_batched_transposed_views():
 def test_matmul_of_attention_heads_sliced_from_packed_projections(dev, dtype, batch, monkeypatch):
     # q k^T and p v on the heads of one (batch, seq, 3 * heads * dim) tensor, as a transformer's packed QKV projection
     # leaves them: each head a (seq, dim) matrix whose rows lie 3 * heads * dim apart, k transposed. A device whose
-    # matmul takes strided operands (`strided_operands`: the CPU's) is handed them where they lie: no copies at batch 1
-    # (there the heads are one batch axis of one stride); the results match float64 numpy either way
+    # matmul takes strided operands (`strided_operands`: the CPU's) is handed them where they lie, no copies (at batch
+    # 2 the batch and head axes step by two strides); the results match float64 numpy either way
     import singa.ops_linalg as linalg
 
     heads, seq, dim = 3, 5, 4
@@ -880,7 +880,7 @@ def test_matmul_of_attention_heads_sliced_from_packed_projections(dev, dtype, ba
     np.testing.assert_allclose(tensor.to_numpy(scores).astype(np.float64), want_scores, rtol=tol, atol=tol)
     want_out = tensor.to_numpy(scores).astype(np.float64) @ r[2]  # from the scores as computed (float16 rounds them)
     np.testing.assert_allclose(tensor.to_numpy(out).astype(np.float64), want_out, rtol=tol, atol=tol * 10)
-    if batch == 1 and getattr(dev.kernels.get("matmul"), "strided_operands", False):
+    if getattr(dev.kernels.get("matmul"), "strided_operands", False):
         assert copies == []
 
 

@@ -660,6 +660,40 @@ def test_matmul_threaded_paths(ta, tb, batch, ba, bb, m, n, k, dt):
     close(get(out), 1.5 * np.matmul(A.astype(np.float64), B) + 0.5 * c, dt, **tol)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32])
+def test_matmul_reads_strided_heads_in_place_eagerly_and_bound(dt):
+    # matmul's strided operands (strided_operands): the heads of a (batch, seq, 3 * heads * dim) tensor as (batch,
+    # heads, seq, dim) views with two batch strides and rows 3 * heads * dim apart, k transposed; and a b whose batch
+    # axes split the same flat batch as (3, 2), transposed in memory. float64 numpy; bound launches replay new contents
+    # (none where a copy would be needed: an integer's strided operands, the strided other split)
+    batch, heads, seq, dim = 2, 3, 5, 4
+    row = 3 * heads * dim
+    qkv = put(np.zeros((batch, seq, row), dt))
+    q = View(qkv.buffer, qkv.dtype, (batch, heads, seq, dim), (seq * row, dim, row, 1), 0)
+    k = View(qkv.buffer, qkv.dtype, (batch, heads, seq, dim), (seq * row, dim, row, 1), heads * dim)
+    other = put(np.zeros((2, 3, seq, dim), dt))
+    k_other = View(other.buffer, other.dtype, (3, 2, seq, dim), (seq * dim, 3 * seq * dim, dim, 1), 0)
+    out, out2 = empty((batch * heads, seq, seq), dt), empty((batch * heads, seq, seq), dt)
+    bound = K["matmul"].bind(out, q, k, trans_b=True)
+    assert (bound is None) == (dt == np.int32)
+    assert K["matmul"].bind(out2, q, k_other, trans_b=True) is None
+    for step in range(2):
+        x = RNG.integers(-4, 5, (batch, seq, row)).astype(dt)
+        y = RNG.integers(-4, 5, (2, 3, seq, dim)).astype(dt)
+        DEV.write(qkv, x)
+        DEV.write(other, y)
+        if step == 0 or bound is None:
+            K["matmul"](out, q, k, trans_b=True)
+        else:
+            bound()
+        K["matmul"](out2, q, k_other, trans_b=True)
+        h = x.astype(np.float64).reshape(batch, seq, 3, heads, dim).transpose(2, 0, 3, 1, 4)
+        qf, kf = (h[i].reshape(batch * heads, seq, dim) for i in (0, 1))
+        np.testing.assert_array_equal(get(out), (qf @ kf.swapaxes(-1, -2)).astype(dt))
+        flat = y.astype(np.float64).transpose(1, 0, 2, 3).reshape(batch * heads, seq, dim)  # (3, 2) row-major
+        np.testing.assert_array_equal(get(out2), (qf @ flat.swapaxes(-1, -2)).astype(dt))
+
+
 def test_matmul_edges():
     # k == 0 gives zeros (beta == 0 never reads the output, even when it holds NaN)
     out = put(np.full((1, 3, 4), np.nan, np.float32))

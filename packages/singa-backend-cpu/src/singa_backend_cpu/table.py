@@ -235,6 +235,11 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
     views = (out, a, b)
     if not (a.dtype == b.dtype == out.dtype):
         raise _dtype_error("matmul", views, FLOATS + (I32, I64))
+    parts = _outer_parts(views, trans_a, trans_b)
+    if parts is not None:
+        for part in parts:
+            _matmul(*part, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        return
     a, b = (v if _matrix_strides(v) else _contiguous(v) for v in (a, b))
     args, key = _matmul_call((out, a, b), trans_a, trans_b, alpha, beta)
 
@@ -249,7 +254,42 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
         onednn.product(key, run)
 
 
-_matmul.strided_operands = True  # see _matrix_strides
+_matmul.strided_operands = True  # see _matrix_strides and _outer_parts
+
+
+def _outer_parts(views: tuple, trans_a, trans_b, may_copy: bool = True) -> list[tuple] | None:
+    """A product whose a or b has two batch axes of their own strides (B1, B2, rows, cols): attention's heads of a
+    batch of sequences) as B1 products of (B2, rows, cols) operands, [(out, a, b), ...]; None for any other; [] where
+    that takes a contiguous copy and not `may_copy` (a bound launch must read the operands themselves)."""
+    out, a, b = views
+    if not any(len(v.shape) == 4 and v.strides != _layout(v.shape)[0] for v in (a, b)):
+        return None
+    kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])  # errors name the whole call
+    outer, inner = next(v.shape[:2] for v in (a, b) if len(v.shape) == 4 and v.strides != _layout(v.shape)[0])
+
+    def split_alike(v):  # the other operand's batch in (outer, inner) too, or one axis
+        if len(v.shape) == 4 and v.shape[:2] != (outer, inner):
+            plain = v.strides == _layout(v.shape)[0]
+            if not plain and not may_copy:
+                return None
+            c = v if plain else _contiguous(v)
+            return View(c.buffer, c.dtype, (outer * inner,) + c.shape[2:], None, c.offset)
+        return v
+
+    a, b = split_alike(a), split_alike(b)
+    if a is None or b is None:
+        return []
+    m, n = out.shape[-2:]
+
+    def part(v, o: int):
+        if len(v.shape) == 4:
+            return View(v.buffer, v.dtype, v.shape[1:], v.strides[1:], v.offset + o * v.strides[0])
+        if v.shape[0] == 1:  # broadcast over the batch
+            return v
+        return View(v.buffer, v.dtype, (inner,) + v.shape[1:], v.strides, v.offset + o * inner * v.strides[0])
+
+    return [(View(out.buffer, out.dtype, (inner, m, n), None, out.offset + o * inner * m * n), part(a, o), part(b, o))
+            for o in range(outer)]
 
 
 def _matrix_strides(v) -> tuple[int, int] | None:
@@ -290,6 +330,17 @@ def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -
     """_matmul's call as a zero-argument launch for a graph replay (None where an operand needs a contiguous copy)."""
     if out.strides != _layout(out.shape)[0] or not (a.dtype == b.dtype == out.dtype):
         return None
+    parts = _outer_parts((out, a, b), trans_a, trans_b, may_copy=False)
+    if parts is not None:
+        launches = [_bind_matmul(*p, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta) for p in parts]
+        if not launches or any(f is None for f in launches):
+            return None
+
+        def run_parts() -> None:
+            for f in launches:
+                f()
+
+        return run_parts
     if _matrix_strides(a) is None or _matrix_strides(b) is None:
         return None
     views = (out, a, b)

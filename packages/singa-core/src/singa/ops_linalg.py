@@ -41,23 +41,26 @@ from singa.tensor import Tensor
 
 def _strided_matrices(X: Tensor, Bx: int) -> tuple | None:
     """(a (Bx, r, c) view with strides (batch, row, 1), trans False) or ((Bx, c, r) ..., True) over X's elements where
-    its batch axes step by one stride and its rows (or, transposed, its columns) are contiguous; else None."""
+    its batch axes step by one stride and its rows (or, transposed, its columns) are contiguous; else None. Batch
+    axes that step by two strides (the heads of a batch of sequences) give a (B1, B2, r, c) view instead."""
     r, c = X.shape[-2:]
     sr, sc = X.strides[-2:]
-    sb = 0
-    size = 1
-    for d, st in zip(reversed(X.shape[:-2]), reversed(X.strides[:-2])):  # the batch axes as one
+    batch: list[list[int]] = []  # [size, stride] of the batch axes merged where they can be, innermost first
+    for d, st in zip(reversed(X.shape[:-2]), reversed(X.strides[:-2])):
         if d == 1:
             continue
-        if size == 1:
-            sb = st
-        elif st != sb * size:
-            return None
-        size *= d
+        if batch and st == batch[-1][1] * batch[-1][0]:
+            batch[-1][0] *= d
+        else:
+            batch.append([d, st])
+    if len(batch) > 2:
+        return None
+    lead = tuple(d for d, _ in reversed(batch)) if len(batch) == 2 else (Bx,)
+    steps = tuple(st for _, st in reversed(batch)) if len(batch) == 2 else (batch[0][1] if batch else 0,)
     if (sc == 1 or c == 1) and (sr >= c or r == 1):
-        return View(X.buffer, X.dtype, (Bx, r, c), (sb, sr if r > 1 else c, 1), X.offset), False
+        return View(X.buffer, X.dtype, lead + (r, c), steps + (sr if r > 1 else c, 1), X.offset), False
     if (sr == 1 or r == 1) and (sc >= r or c == 1):
-        return View(X.buffer, X.dtype, (Bx, c, r), (sb, sc if c > 1 else r, 1), X.offset), True
+        return View(X.buffer, X.dtype, lead + (c, r), steps + (sc if c > 1 else r, 1), X.offset), True
     return None
 
 

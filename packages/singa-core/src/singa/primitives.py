@@ -65,7 +65,8 @@ SPECIAL = [
       "b is (Bb, k, n), or (Bb, n, k) with trans_b; out is (B, m, n) with Ba, Bb in {1, B} (1 broadcasts). "
       "beta != 0 reads out (accumulate). a and b are contiguous unless the kernel callable sets "
       "`strided_operands = True`: then they may also come with strides (batch stride, row stride, 1), the row stride "
-      "at least the row's length (attention's heads where they lie in a (seq, heads * dim) tensor).", "linalg",
+      "at least the row's length, or as (B1, B2, rows, cols) with strides (s1, s2, row stride, 1) (attention's heads "
+      "where they lie in a (batch, seq, heads * dim) tensor).", "linalg",
       inplace=("out",)),
     # -- convolution and pooling (NCHW) -----------------------------------------------------------------------------
     P("conv2d", ("out",), ("x", "w", "b?"), ("stride", "padding", "dilation", "groups"),
