@@ -224,6 +224,49 @@ def test_grouped_convolutions_run_on_nchw_and_depthwise_ones_in_channel_blocks(d
     assert blocked == {"rc3", "rd2"}, blocked
 
 
+def test_attention_scale_folds_into_the_product(dev):
+    # MatMul -> Div by a scalar constant (attention's 1 / sqrt(d)) and Mul(constant, MatMul) run as FusedMatMul with
+    # that alpha; a Div of a constant by the product, a per-column divisor and a product also read elsewhere do not
+    inits = [nh.from_array(np.array(8.0, np.float32), "c"), nh.from_array(np.array([0.5], np.float32), "h"),
+             nh.from_array(arr(6, positive=True), "col")]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Div", ["s", "c"], ["sd"]),
+             helper.make_node("Softmax", ["sd"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "k"], ["o1"]), helper.make_node("Mul", ["h", "o1"], ["y1"]),
+             helper.make_node("MatMul", ["q", "kt"], ["s2"]), helper.make_node("Div", ["c", "s2"], ["y2"]),
+             helper.make_node("MatMul", ["q", "kt"], ["s3"]), helper.make_node("Div", ["s3", "col"], ["y3"]),
+             helper.make_node("MatMul", ["q", "kt"], ["s4"]), helper.make_node("Div", ["s4", "c"], ["y4a"]),
+             helper.make_node("Relu", ["s4"], ["y4b"])]
+    shapes = {"y1": [2, 3, 6, 5], "y2": [2, 3, 6, 6], "y3": [2, 3, 6, 6], "y4a": [2, 3, 6, 6], "y4b": [2, 3, 6, 6]}
+    m = make_model(nodes, [vi("q", [2, 3, 6, 5]), vi("k", [2, 3, 6, 5])], [vi(n, s) for n, s in shapes.items()], inits)
+    q, k = arr(2, 3, 6, 5), arr(2, 3, 6, 5)
+    rep, runs, plain = both(m, dev, {"q": q, "k": k})
+    fused = [n for n in rep.inference_plan().program.nodes if n.op_type == "FusedMatMul"]
+    assert sorted(n.outputs[0] for n in fused) == ["sd", "y1"]
+    assert sorted(n.attrs["alpha"] for n in fused) == [0.125, 0.5]
+    want = ort_run(m, {"q": q, "k": k})
+    for got in runs + [plain]:
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("ta", "tb", "alpha"), [(0, 0, 0.5), (1, 0, 2.0), (0, 1, -1.5), (1, 1, 1.0)])
+def test_onnxruntime_fused_matmul_imports(dev, ta, tb, alpha):
+    # com.microsoft FusedMatMul as onnxruntime's optimiser saves it: alpha * op(A) @ op(B), batched
+    a_shape = [2, 4, 3] if ta else [2, 3, 4]
+    b_shape = [2, 5, 4] if tb else [2, 4, 5]
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", alpha=alpha, transA=ta,
+                            transB=tb)
+    g = helper.make_graph([node], "m", [vi("a", a_shape), vi("b", b_shape)], [vi("y", [2, 3, 5])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 9
+    a, b = arr(*a_shape), arr(*b_shape)
+    want = ort_run(m, {"a": a, "b": b})[0]
+    for optimize in (True, False):
+        got = sonnx.prepare(m, dev, optimize=optimize).run({"a": a, "b": b})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("opset", [11, 13])
 def test_identity_and_inference_dropout_are_left_out(dev, opset):
     # SqueezeNet's Dropout before its last convolution, an Identity before it: the convolution reads their input,

@@ -14,8 +14,10 @@
 * a per-channel constant Mul / Add after such a Conv (the scale-and-shift some exporters write after BatchNormalization)
   folds into its weights and bias the same way; after a BatchNormalization that is not folded, into its scale and
   bias;
-* GELU spelled out (erf or tanh form) becomes one Gelu node, and a Conv followed by a Relu, a residual Add, or both,
-  one FusedConv node (see _fuse_gelu and _fuse_conv).
+* GELU spelled out (erf or tanh form) becomes one Gelu node, a float MatMul divided or multiplied by a constant
+  scalar (attention's 1 / sqrt(d) scale) one com.microsoft FusedMatMul node whose alpha is the scale, and a Conv
+  followed by a Relu, a residual Add, or both, one FusedConv node (see _fuse_gelu, _fuse_scaled_matmul and
+  _fuse_conv).
 
 Only float32 weights are rewritten. The rewrites use the parameter values given (the tensors of `SingaRep.tensor_map`),
 so the folded program is valid only while they stay as they are: SingaRep builds it when the parameters are frozen
@@ -63,7 +65,8 @@ def fold(program: Program, device: Device, params: dict[str, Tensor]) -> Program
     f = _Folder(program, _skip_identities(nodes, values, program.outputs), values)
     f.run()
     out = copy.copy(program)
-    out.nodes = _fuse_conv(_fuse_gelu(f.nodes, values, program.outputs), values, program.outputs)
+    nodes = _fuse_scaled_matmul(_fuse_gelu(f.nodes, values, program.outputs), values, program.outputs)
+    out.nodes = _fuse_conv(nodes, values, program.outputs)
     used = set(program.outputs)
     for node in f.nodes:
         used.update(node.uses)
@@ -501,6 +504,42 @@ def _fuse_gelu(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[
 
 
 # -- Conv + residual Add + Relu, as one FusedConv node -----------------------------------------------------------
+
+def _fuse_scaled_matmul(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
+    """Replace MatMul -> Div (or Mul) by a constant float scalar, the MatMul's output read by that node alone, with
+    one FusedMatMul node (onnxruntime's contrib operator) computing alpha * A @ B in the product's own pass: alpha = 1
+    / c for a division (a few ulp from dividing each element, as onnxruntime's own fusion), c for a product."""
+    flow = _Dataflow(nodes, outputs)
+    entry = lookup("com.microsoft", "FusedMatMul", 1)
+    replaced: dict[int, OnnxNode] = {}
+    dropped: set[int] = set()
+    for mm in nodes:
+        if mm.op_type != "MatMul" or mm.domain or len(mm.inputs) != 2 or mm.in_types[0] != _FLOAT:
+            continue
+        scale = flow.sole(mm.outputs[0], ("Div", "Mul"))
+        if scale is None or len(scale.inputs) != 2 or scale.inputs[0] == scale.inputs[1]:
+            continue
+        if scale.op_type == "Div" and scale.inputs[0] != mm.outputs[0]:
+            continue  # c / (A @ B) is not a scale
+        other = scale.inputs[1] if scale.inputs[0] == mm.outputs[0] else scale.inputs[0]
+        c = _host(values.get(other)) if other in values else None
+        if c is None or c.dtype != np.float32 or c.size != 1 or c.ndim > 1:  # rank 0 or (1,): no broadcast
+            continue
+        c = float(c.reshape(-1)[0])
+        alpha = 1.0 / c if scale.op_type == "Div" and c != 0.0 else c
+        if c == 0.0 or not np.isfinite(alpha):
+            continue
+        fused = copy.copy(mm)
+        fused.op_type, fused.domain, fused.opset = "FusedMatMul", "com.microsoft", 1
+        fused.name = f"{mm.name}/scaled"
+        fused.outputs, fused.out_types = list(scale.outputs), list(scale.out_types)
+        fused.attrs = OnnxAttributes(mm.attrs)
+        fused.attrs["alpha"] = alpha
+        fused.entry, fused.function, fused.scratch = entry, None, {}
+        replaced[id(scale)] = fused
+        dropped.add(id(mm))
+    return _splice(nodes, replaced, dropped)
+
 
 def _fuse_conv(nodes: list[OnnxNode], values: dict, outputs: list[str]) -> list[OnnxNode]:
     """Replace each 2-D float Conv with constant weights by a FusedConv node (onnxruntime's com.microsoft operator:

@@ -30,6 +30,33 @@ def matmul(node, inputs, opset):
     return ops.matmul(a, b)
 
 
+@register("FusedMatMul", domain="com.microsoft")
+def fused_matmul(node, inputs, opset):
+    """onnxruntime's contrib FusedMatMul (which the inference optimiser writes for a MatMul scaled by a constant):
+    alpha * op(A) @ op(B), op transposing the last two axes where transA / transB."""
+    if node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
+        raise ValueError("FusedMatMul: transBatchA / transBatchB are not supported")
+    a, b = inputs_as_tensors(node, inputs)
+    alpha = float(node.attr("alpha", 1.0))
+    if node.attr("transA", 0):
+        a = autograd.transpose(a, _last_two_swapped(a))
+    if node.attr("transB", 0):
+        b = autograd.transpose(b, _last_two_swapped(b))
+    if a.dtype not in FLOATS:
+        raise TypeError(f"FusedMatMul: float inputs expected, got {sdt.name(a.dtype)}")
+    if not autograd.training or not (a.requires_grad or b.requires_grad):
+        return ops.matmul(a, b, alpha=alpha)  # the scale in the product's own pass
+    y = autograd.matmul(a, b)
+    return y if alpha == 1.0 else autograd.mul(y, const_like(y, alpha))
+
+
+def _last_two_swapped(t: Tensor) -> list[int]:
+    n = len(t.shape)
+    if n < 2:
+        raise ValueError(f"FusedMatMul: a transposed operand needs 2 or more axes, got shape {t.shape}")
+    return list(range(n - 2)) + [n - 1, n - 2]
+
+
 @register("Gemm")
 def gemm(node, inputs, opset):
     a, b, c = (list(inputs_as_tensors(node, inputs)) + [None])[:3]
