@@ -205,12 +205,14 @@ def run(quick: bool = False) -> Table:
         "per-group products per thread where that measured faster). Matrix products (fully connected layers, "
         "attention) run on oneDNN's sgemm, or OpenBLAS's where it measured faster for the shape; depthwise "
         "convolutions have their own direct kernels. In the transformers, GELU (erf or tanh form) "
-        "is one kernel and LayerNormalization one kernel; attention is not fused yet (each MatMul's bias is its own "
-        "Add). A replayed run calls each kernel from Python; convolutions, poolings, copies and element-wise "
-        "kernels as launches worked out when the run was recorded (the CPU backend's `bind`; a oneDNN plan is one C "
-        "call), a few microseconds each. At batch 1 the kernels that make a channel Concat's inputs write into it "
-        "(no copies); Identity and inference Dropout nodes are left out (SqueezeNet's Dropout no longer keeps its "
-        "last convolution's operands out of channel blocks).")
+        "is one kernel and LayerNormalization one kernel; attention's heads are read where they lie by the products "
+        "(matmul's strided operands: no copies of Q, K and V) and its 1/sqrt(d) scale runs inside the product "
+        "(FusedMatMul); it is not one fused kernel (each MatMul's bias is its own Add). A replayed run calls each "
+        "kernel from Python; convolutions, poolings, copies and element-wise kernels as launches worked out when the "
+        "run was recorded (the CPU backend's `bind`; a oneDNN plan is one C call), a few microseconds each. At batch "
+        "1 the kernels that make a channel Concat's inputs write into it (no copies); Identity and inference Dropout "
+        "nodes are left out (SqueezeNet's Dropout no longer keeps its last convolution's operands out of channel "
+        "blocks).")
     table.notes.append(benchlib.openmp_note())
     return table
 
