@@ -345,13 +345,16 @@ def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -
         return None
     views = (out, a, b)
     args, key = _matmul_call(views, trans_a, trans_b, alpha, beta)
-    args += (0 if key is None else onednn.product_openblas(key),)
-    launch = lib.sg_matmul
+    return _checked(lib.sg_matmul, args + (0 if key is None else onednn.product_openblas(key),), "matmul", views)
 
+
+def _checked(launch, args: tuple, name: str, views: tuple) -> Callable[[], None]:
+    """A zero-argument call of C entry point `launch` on `args` (a bound launch) that raises kernel `name`'s error,
+    naming `views`, when it fails."""
     def run() -> None:
         status = launch(*args)
         if status:
-            _check(status, "matmul", views)
+            _check(status, name, views)
 
     return run
 
@@ -797,14 +800,7 @@ def _layer_norm_launch(views: tuple, y, mean, invstd, x, s, b, eps) -> Callable[
             invstd.buffer.handle, invstd.offset, ffi.NULL if s is None else s.buffer.handle,
             0 if s is None else s.offset, ffi.NULL if b is None else b.buffer.handle, 0 if b is None else b.offset,
             rows, cols, eps)
-    launch = lib.sg_layer_norm
-
-    def run() -> None:
-        status = launch(*args)
-        if status:
-            _check(status, "layer_norm", views)
-
-    return run
+    return _checked(lib.sg_layer_norm, args, "layer_norm", views)
 
 
 _layer_norm.bind = _bind_layer_norm
@@ -820,14 +816,7 @@ def _make_softmax(name: str, log: int) -> Callable:
             raise _dtype_error(name, views, FLOATS)
         outer, length, inner = kernel_checks.softmax_split("cpu", name, x, axis)
         args = (x.dtype, log, x.buffer.handle, x.offset, out.buffer.handle, out.offset, outer, length, inner)
-        call = lib.sg_softmax
-
-        def run() -> None:
-            status = call(*args)
-            if status:
-                _check(status, name, views)
-
-        return run
+        return _checked(lib.sg_softmax, args, name, views)
 
     def kernel(out, x, axis=-1):
         launch((out, x), out, _contiguous(x), axis)()
@@ -850,14 +839,7 @@ def _make_softmax_backward(name: str, log: int) -> Callable:
         outer, length, inner = kernel_checks.softmax_split("cpu", name, y, axis)
         args = (dy.dtype, log, dy.buffer.handle, dy.offset, y.buffer.handle, y.offset, dx.buffer.handle, dx.offset,
                 outer, length, inner)
-        call = lib.sg_softmax_backward
-
-        def run() -> None:
-            status = call(*args)
-            if status:
-                _check(status, name, views)
-
-        return run
+        return _checked(lib.sg_softmax_backward, args, name, views)
 
     def kernel(dx, dy, y, axis=-1):
         launch((dx, dy, y), dx, _contiguous(dy), _contiguous(y), axis)()
