@@ -240,8 +240,14 @@ def _matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> Non
         for part in parts:
             _matmul(*part, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
         return
-    a, b = (v if _matrix_strides(v) else _contiguous(v) for v in (a, b))
-    args, key = _matmul_call((out, a, b), trans_a, trans_b, alpha, beta)
+    sa, sb = _matrix_strides(a), _matrix_strides(b)
+    if sa is None:
+        a = _contiguous(a)
+        sa = _matrix_strides(a)
+    if sb is None:
+        b = _contiguous(b)
+        sb = _matrix_strides(b)
+    args, key = _matmul_call((out, a, b), sa, sb, trans_a, trans_b, alpha, beta)
 
     def run(openblas: int) -> None:
         status = lib.sg_matmul(*args, openblas)
@@ -311,14 +317,14 @@ def _matrix_strides(v) -> tuple[int, int] | None:
     return sb, sr
 
 
-def _matmul_call(views: tuple, trans_a, trans_b, alpha, beta) -> tuple[tuple, tuple | None]:
-    """sg_matmul's arguments for (out, a, b) but its last (openblas), out contiguous and a, b as _matrix_strides
-    takes them, and the shape key by which onednn.product chooses the provider of a float32 product; None where there
-    is no choice: oneDNN's sgemm not installed, other dtypes, small products, or beta != 0 (a product that accumulates
-    into its output cannot be run twice to time it)."""
+def _matmul_call(views: tuple, sa: tuple, sb: tuple, trans_a, trans_b, alpha, beta) -> tuple[tuple, tuple | None]:
+    """sg_matmul's arguments for (out, a, b) but its last (openblas), out contiguous and a, b read with their
+    _matrix_strides `sa`, `sb`, and the shape key by which onednn.product chooses the provider of a float32 product;
+    None where there is no choice: oneDNN's sgemm not installed, other dtypes, small products, or beta != 0 (a product
+    that accumulates into its output cannot be run twice to time it)."""
     out, a, b = views
     batch, ba, bb, m, n, k = kernel_checks.matmul_dims("cpu", views, trans_a, trans_b, _layout(out.shape)[0])
-    args = (a.dtype, a.buffer.handle, a.offset, *_matrix_strides(a), b.buffer.handle, b.offset, *_matrix_strides(b),
+    args = (a.dtype, a.buffer.handle, a.offset, *sa, b.buffer.handle, b.offset, *sb,
             out.buffer.handle, out.offset, batch, ba, bb, m, n, k, 1 if trans_a else 0, 1 if trans_b else 0, alpha,
             beta)
     if SGEMM != "onednn" or out.dtype != F32 or beta != 0.0 or 2.0 * batch * m * n * k < onednn.PRODUCT_CHOICE_FLOPS:
@@ -341,10 +347,11 @@ def _bind_matmul(out, a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -
                 f()
 
         return run_parts
-    if _matrix_strides(a) is None or _matrix_strides(b) is None:
+    sa, sb = _matrix_strides(a), _matrix_strides(b)
+    if sa is None or sb is None:
         return None
     views = (out, a, b)
-    args, key = _matmul_call(views, trans_a, trans_b, alpha, beta)
+    args, key = _matmul_call(views, sa, sb, trans_a, trans_b, alpha, beta)
     return _checked(lib.sg_matmul, args + (0 if key is None else onednn.product_openblas(key),), "matmul", views)
 
 

@@ -153,16 +153,17 @@ def _skip_identities(nodes: list[OnnxNode], values: dict, outputs: list[str]) ->
         for sub in node.subgraphs.values():
             for p in sub if isinstance(sub, list) else [sub]:
                 kept.update(p.free)
-    read = {n for node in nodes for n in node.uses}
+    read = kept | {n for node in nodes for n in node.uses}  # a mask read (or a graph output) keeps its Dropout
     alias: dict[str, str] = {}
     for node in nodes:
         if node.domain or not node.inputs or not node.inputs[0] or not node.outputs or node.outputs[0] in kept:
             continue
         if node.op_type == "Identity" and len(node.outputs) == 1:
             pass
-        elif node.op_type == "Dropout" and not (len(node.outputs) > 1 and node.outputs[1] in read | kept):
+        elif node.op_type == "Dropout" and not (len(node.outputs) > 1 and node.outputs[1] in read):
             mode = node.inputs[2] if node.opset >= 12 and len(node.inputs) > 2 else ""
-            if mode and (mode not in values or _host(values[mode]) is None or _host(values[mode]).any()):
+            training = _host(values.get(mode)) if mode else None
+            if mode and (training is None or training.any()):
                 continue
         else:
             continue
