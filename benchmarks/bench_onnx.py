@@ -197,8 +197,10 @@ def run(quick: bool = False) -> Table:
     table.notes.append(
         "Convolutions run through oneDNN where it was faster for the shape (SINGA_ONEDNN=auto), its reordered "
         "weights kept while the inference plan lives, a following Relu and residual Add fused into them "
-        "(FusedConv: oneDNN's post-ops); 3x3 stride-1 ones of 16-channel multiples may instead run on the "
-        "backend's Winograd F(4x4, 3x3) kernel where it measured faster (its transformed weights kept alike); "
+        "(FusedConv: oneDNN's post-ops); on the blocked activations a convolution may instead run on one of the "
+        "backend's own kernels where it measured clearly faster than oneDNN with its weights kept (timed in turns "
+        "when the shape is first met): Winograd F(4x4, 3x3) for 3x3 stride-1 ones (its transformed weights kept "
+        "alike), or an unfolding plus one GEMM (small images: InceptionV2's 7x7 layers); "
         "between convolutions the activations stay in oneDNN's channel-blocked "
         "layout through Relu, Add, Concat and pooling (singa_onnx.layout), NCHW only at the graph's edges, "
         "around other operators and for grouped convolutions other than depthwise ones (ShuffleNet's run as whole "

@@ -224,6 +224,44 @@ def test_auto_decides_once_per_shape_and_keeps_the_result_right(monkeypatch):
     assert len(onednn.choices()) == 1  # one shape, one decision
 
 
+@pytest.mark.skipif(not X86_LINUX, reason="oneDNN's wheel is for x86-64 Linux only")
+@pytest.mark.parametrize("constant", [True, False], ids=["constant-weights", "weights"])
+def test_auto_times_onednn_reordering_constant_weights_once_as_in_use(constant, monkeypatch):
+    # declared-constant weights are reordered once and kept in use, so the timing that weighs oneDNN against our
+    # kernel (which needs no reorder) reorders them once too; other weights are reordered at every call, and timed so
+    from singa.backend import declare_constant
+    from singa_backend_cpu.table import kernels as K
+
+    seen = []
+    run = onednn._Plan.run
+
+    def spy(self, addresses, thread, const=None, pointers=None, kept_at=None):
+        seen.append(kept_at)
+        return run(self, addresses, thread, const, pointers, kept_at)
+
+    monkeypatch.setattr(onednn._Plan, "run", spy)
+    monkeypatch.setenv(onednn.SETTING, "auto")
+    x = RNG.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    tx, tw = tensor.from_numpy(x, DEV), tensor.from_numpy(w, DEV)
+    if constant:
+        declare_constant([tw.buffer])
+    y = tensor.Tensor((1, 16, 10, 10), DEV)
+    K["conv2d"](y.data, tx.data, tw.data, None, stride=(1, 1), padding=(1, 1, 1, 1))
+    np.testing.assert_allclose(tensor.to_numpy(y), conv_ref(x, w, np.zeros(16), 1, 1, 1), rtol=1e-4, atol=1e-4)
+    assert len(seen) >= 4  # the decision's turns: two plans, several runs each
+    if constant:
+        kept = [k for k in seen if k is not None]  # plans that reorder the weights (an NCHW plan may not)
+        firsts = {}
+        for at, filled in kept:
+            firsts.setdefault(at, filled)
+        assert firsts  # a kept copy per such plan ...
+        assert not any(firsts.values())  # ... filled by its first run
+        assert sum(1 for _, filled in kept if not filled) == len(firsts)  # and reused by the others
+    else:
+        assert seen == [None] * len(seen)
+
+
 def test_off_means_the_backends_own_kernels(monkeypatch):
     monkeypatch.setenv(onednn.SETTING, "0")
     w = tensor.from_numpy(RNG.standard_normal((8, 4, 3, 3)).astype(np.float32), DEV)

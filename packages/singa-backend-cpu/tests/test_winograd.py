@@ -1,7 +1,7 @@
 """Winograd F(4x4, 3x3) on operands in oneDNN's channel blocks (16 with AVX-512, 8 with AVX2)
-(singa_backend_cpu.winograd): chosen per shape against oneDNN's blocked plan under SINGA_ONEDNN=auto, right against a
-float64 reference with bias, residual (also the output's own bytes) and ReLU, replayed as a bound launch, and with
-the transformed weights of constant weights kept until they are declared again.
+(singa_backend_cpu.winograd): chosen per shape (singa_backend_cpu.blocked) against oneDNN's blocked plan under
+SINGA_ONEDNN=auto, right against a float64 reference with bias, residual (also the output's own bytes) and ReLU,
+replayed as a bound launch, and with the transformed weights of constant weights kept until they are declared again.
 
 (test_cpu_kernels.py checks the NCHW path of our own kernels, which sg_conv2d takes by itself.)
 """
@@ -13,7 +13,7 @@ import pytest
 
 from singa import device, graph, ops, tensor
 from singa.backend import declare_constant
-from singa_backend_cpu import onednn, winograd
+from singa_backend_cpu import blocked, onednn, winograd
 
 DEV = device.get_device("cpu")
 RNG = np.random.default_rng(11)
@@ -27,10 +27,10 @@ pytestmark = pytest.mark.skipif(BLOCK not in (8, 16), reason="no channel blocks 
 def fresh(monkeypatch):
     monkeypatch.setenv(onednn.SETTING, "auto")
     onednn.reset()
-    winograd.reset()
+    blocked.reset()
     yield
     onednn.reset()
-    winograd.reset()
+    blocked.reset()
 
 
 def to_blocks(a, block=BLOCK):
@@ -69,8 +69,10 @@ def close(got, want):
 
 
 def choose(monkeypatch, winograd_wins: bool):
-    """Make the measurement's verdict deterministic: Winograd faster than oneDNN's blocked plan, or not."""
-    monkeypatch.setattr(onednn, "slower_than", lambda *a, **k: winograd_wins)
+    """Make the measurement's verdict deterministic: Winograd faster than oneDNN's blocked plan (and the GEMM), or
+    oneDNN's plan the fastest."""
+    monkeypatch.setattr(onednn, "fastest_over_blocked",
+                        lambda g, bias, post, blocks, others, kept=False: blocked.WINOGRAD if winograd_wins else None)
 
 
 @pytest.mark.parametrize("residual", ["none", "separate", "output"])
@@ -90,7 +92,7 @@ def test_blocked_convolutions_by_winograd_match_float64(residual, pad, monkeypat
         tr = tensor.from_numpy(to_blocks(r), DEV) if residual == "separate" else None
         got = tensor.to_numpy(ops.conv2d(tx, tw, tb, 1, pad, 1, 1, residual=tr, activation="relu", blocks=BLOCKS))
     close(from_blocks(got), want)
-    assert list(winograd.choices().values()) == [True]
+    assert list(blocked.choices().values()) == [blocked.WINOGRAD]
 
 
 def test_oneDNN_keeps_the_shapes_where_winograd_is_not_faster(monkeypatch):
@@ -98,7 +100,7 @@ def test_oneDNN_keeps_the_shapes_where_winograd_is_not_faster(monkeypatch):
     x, w, b, _, ref = operands()
     y = ops.conv2d(*(tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b)), 1, 1, blocks=BLOCKS)
     np.testing.assert_allclose(from_blocks(tensor.to_numpy(y)), ref, rtol=1e-4, atol=1e-4)
-    assert list(winograd.choices().values()) == [False]
+    assert list(blocked.choices().values()) == [None]
     # oneDNN's blocked plan ran it
     assert any(pkey[0][0] == "conv2d_fused" and pkey[0][-1] == BLOCKS for pkey in onednn._thread.plans)
 
@@ -111,17 +113,18 @@ def test_only_auto_weighs_winograd_for_blocked_operands(monkeypatch):
     x, w, b, _, ref = operands()
     y = ops.conv2d(*(tensor.from_numpy(a, DEV) for a in (to_blocks(x), w, b)), 1, 1, blocks=BLOCKS)
     np.testing.assert_allclose(from_blocks(tensor.to_numpy(y)), ref, rtol=1e-4, atol=1e-4)
-    assert winograd.choices() == {}
+    assert blocked.choices() == {}
 
 
-def test_shapes_without_a_winograd_form_are_never_timed(monkeypatch):
+def test_shapes_without_a_winograd_form_never_time_it(monkeypatch):
     timed = []
-    monkeypatch.setattr(onednn, "slower_than", lambda *a, **k: timed.append(a) or True)
+    monkeypatch.setattr(onednn, "fastest_over_blocked",
+                        lambda g, bias, post, blocks, others, kept=False: timed.append(sorted(others)) or None)
     x = RNG.standard_normal((1, 32, 12, 12)).astype(np.float32)
     w = RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
     ops.conv2d(tensor.from_numpy(to_blocks(x), DEV), tensor.from_numpy(w, DEV), None, 2, 1, blocks=BLOCKS)
-    assert timed == []
-    assert list(winograd.choices().values()) == [False]
+    assert timed == [[blocked.GEMM]]  # stride 2: only the unfolding + GEMM weighed against oneDNN
+    assert list(blocked.choices().values()) == [None]
 
 
 def test_replayed_blocked_convolutions_keep_transformed_constant_weights_until_declared_again(monkeypatch):

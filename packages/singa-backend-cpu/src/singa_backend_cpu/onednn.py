@@ -22,6 +22,7 @@ largest convolution, not with their number.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import importlib.metadata
 import os
@@ -383,10 +384,11 @@ class _Plan:
     # running
 
     def run(self, addresses: list[int], thread: _ThreadState, constant: tuple | None = None,
-            pointers: list | None = None) -> None:
+            pointers: list | None = None, kept_at: tuple[int, bool] | None = None) -> None:
         """Run on the operands at `addresses` (`pointers`: the same as `void *`, made once by a bound launch);
         `constant`: (key, buffer) when the weights' buffer is declared constant (singa.backend.declare_constant):
-        their reordered copy is made once per key and reused."""
+        their reordered copy is made once per key and reused. `kept_at` (without `constant`): (address of
+        weight_bytes for the reordered weights, whether they are there already), a caller's own kept copy."""
         ffi, lib = self.lib.ffi, self.lib.lib
         for mem, ptr in zip(self.user, pointers or [ffi.cast("void *", a) for a in addresses]):
             lib.dnnl_memory_set_data_handle(mem, ptr)
@@ -399,6 +401,10 @@ class _Plan:
             block, addr, made = _constant_weights(constant, self.weight_bytes)  # `block` lives through the run
             lib.dnnl_memory_set_data_handle(self.weight_temp, ffi.cast("void *", addr))
             if not made:
+                skip = self.weight_step
+        elif kept_at is not None and self.weight_step >= 0:
+            lib.dnnl_memory_set_data_handle(self.weight_temp, ffi.cast("void *", kept_at[0]))
+            if kept_at[1]:
                 skip = self.weight_step
         if self.residual_bytes and addresses[0] != addresses[-1]:  # the same: a graph planned the output over it
             _copy_bytes(addresses[0], addresses[-1], self.residual_bytes)
@@ -615,7 +621,8 @@ def conv(kind: str, g, views: tuple, addresses: list[int], ours: Callable[[], No
     key = (kind, tuple(g.as_list()), bias, post)
     provider = _choices.get(key)
     if provider is None:
-        provider, wrote = _decide(kind, g, key, addresses, ours, tail)
+        provider, wrote = _decide(kind, g, key, addresses, ours, tail,
+                                  weights is not None and constant_token(weights.buffer) != 0)
         if wrote:
             return  # the output is written, by the provider chosen
     if provider == OWN:
@@ -647,18 +654,23 @@ def conv_blocked(kind: str, g, views: tuple, addresses: list[int], blocks: tuple
     return True
 
 
-def slower_than(g, bias: bool, post: tuple, blocks: tuple, other: Callable[[], None]) -> bool:
-    """Whether oneDNN's conv2d_fused plan for operands in channel blocks `blocks` is clearly (MARGIN) slower than
-    `other`, another kernel's run of the same convolution on scratch operands; the plan runs on zeroed operands of its
-    own, the two in turns. True where oneDNN cannot build the plan."""
+def fastest_over_blocked(g, bias: bool, post: tuple, blocks: tuple, others: dict[str, Callable[[], None]],
+                         kept_weights: bool = False) -> str | None:
+    """The fastest of `others` (other kernels' runs of this forward convolution on scratch operands, by name) where
+    it is clearly (MARGIN) faster than oneDNN's conv2d_fused plan for operands in channel blocks `blocks`, else None;
+    the plan runs on zeroed operands of its own, all in turns, reordering its weights once where `kept_weights` (the
+    real ones are declared constant, and their reordered copy kept). Where oneDNN cannot build the plan: the
+    fastest."""
+    if not others:
+        return None
     key = ("conv2d_fused", tuple(g.as_list()), bias, post, blocks)
     with _choice_lock:
-        try:
-            plan = _plan("conv2d_fused", g, key, True, _aligned_threads())
-        except OneDnnError:
-            return True
-        times = _timed_in_turns({BLOCKED: _on_scratch(plan), OWN: other})
-    return times[OWN] < (1.0 - MARGIN) * times[BLOCKED]
+        runs = dict(others)
+        with contextlib.suppress(OneDnnError):  # unbuildable: ours are the only ones
+            runs[BLOCKED] = _on_scratch(_plan("conv2d_fused", g, key, True, _aligned_threads()), kept_weights)
+        times = _timed_in_turns(runs)
+    best = min(others, key=times.get)
+    return best if BLOCKED not in times or times[best] < (1.0 - MARGIN) * times[BLOCKED] else None
 
 
 def chosen(kind: str, g, bias: bool = False, post: tuple = NO_POST) -> str | None:
@@ -986,14 +998,35 @@ def _choose_channels_last(plan: Callable[[bool], _Plan]) -> tuple[bool, _Plan]:
     return False, default
 
 
-def _on_scratch(plan: _Plan) -> Callable[[], None]:
-    """A run of `plan` on zeroed operands of its own."""
+def _kept_locally(plan: _Plan, keep: bool) -> Callable[[], tuple[int, bool] | None]:
+    """`kept_at` for successive timed runs of `plan`: with `keep` (the real weights are declared constant, so in use
+    their reordered copy is kept), a copy of the timing's own, reordered into at the first run and reused after, as
+    in the calls timed for; else None (each run reorders)."""
+    if not keep or plan.weight_step < 0:
+        return lambda: None
+    ffi = plan.lib.ffi
+    block = ffi.new("char[]", plan.weight_bytes + _ALIGN)
+    at, filled = (int(ffi.cast("uintptr_t", block)) + _ALIGN - 1) // _ALIGN * _ALIGN, [False]
+
+    def kept_at() -> tuple[int, bool]:
+        now = (at, filled[0])
+        filled[0] = True
+        return now
+
+    kept_at.block = block  # alive as long as the function
+    return kept_at
+
+
+def _on_scratch(plan: _Plan, keep_weights: bool = False) -> Callable[[], None]:
+    """A run of `plan` on zeroed operands of its own, its weights reordered once with `keep_weights`
+    (_kept_locally)."""
     ffi = plan.lib.ffi
     buffers = [ffi.new("char[]", max(n, 1)) for n in plan.user_bytes]
     addresses = [int(ffi.cast("uintptr_t", b)) for b in buffers]
+    kept_at = _kept_locally(plan, keep_weights)
 
     def run() -> None:
-        plan.run(addresses, _thread)
+        plan.run(addresses, _thread, kept_at=kept_at())
 
     run.operands = buffers  # alive as long as the run
     return run
@@ -1058,10 +1091,11 @@ def _candidates(kind: str, g, key: tuple) -> dict[str, _Plan]:
 
 
 def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], None],
-            tail: Callable[[], None] | None) -> tuple[str, bool]:
+            tail: Callable[[], None] | None, kept_weights: bool = False) -> tuple[str, bool]:
     """(the provider of `key` from now on, whether this call's output is already written by it): with
     SINGA_ONEDNN=1 oneDNN in its preferred layout where it builds, with 0 our own kernel, else the fastest of two runs
-    each, measured by the first thread to meet the shape while the others wait for its choice."""
+    each, measured by the first thread to meet the shape while the others wait for its choice; oneDNN's plans
+    reorder the weights once where `kept_weights` (declared constant: in use their reordered copy is kept)."""
     with _choice_lock:
         if key in _choices:  # another thread decided while this one waited
             return _choices[key], False
@@ -1073,7 +1107,8 @@ def _decide(kind: str, g, key: tuple, addresses: list[int], ours: Callable[[], N
             provider, wrote = next(p for p in order if p in plans), False
         else:
             def runner(p: _Plan) -> Callable[[], None]:
-                return lambda: (p.run(addresses, _thread), tail() if p.tail else None)
+                kept_at = _kept_locally(p, kept_weights)
+                return lambda: (p.run(addresses, _thread, kept_at=kept_at()), tail() if p.tail else None)
 
             runs: dict[str, Callable[[], None]] = {n: runner(p) for n, p in plans.items()}
             runs[OWN] = ours

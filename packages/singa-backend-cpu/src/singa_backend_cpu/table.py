@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from singa import dtypes, expressions, kernel_args, kernel_checks, kernel_table
 from singa.backend import View, channel_split
-from singa_backend_cpu import onednn, winograd
+from singa_backend_cpu import blocked, onednn
 from singa_backend_cpu.device import ffi, lib
 
 F32, F16, I32, I64, BOOL, F64 = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.bool_,
@@ -462,7 +462,7 @@ def _bind_conv_forward(name, out, x, w, b, residual, activation, stride, padding
     if x.dtype != F32:
         return None
     if blocks != (0, 0):
-        launch = winograd.bound(g, out, x, w, b, residual, post[1], blocks)
+        launch = blocked.bound(g, out, x, w, b, residual, post[1], blocks)
         if launch is not None:
             return launch
     operands = [v for v in views if v is not None]
@@ -565,7 +565,7 @@ def _conv_blocked(name, out, x, w, b, residual, activation, g, views, blocks) ->
         raise _shape_error(name, views, f"blocks {blocks}: each must be 0 or this device's channel block "
                                         f"{block or '(none: oneDNN is not in use)'}, dividing the channels")
     if x.dtype == F32:
-        if winograd.conv_blocked(g, out, x, w, b, residual, activation == "relu", blocks):
+        if blocked.conv_blocked(g, out, x, w, b, residual, activation == "relu", blocks):
             return
         operands = [v for v in (out, x, w, b, residual) if v is not None]
         if onednn.conv_blocked(name, g, views, [_address(v) for v in operands], blocks, weights=w,

@@ -73,6 +73,12 @@ int sg_winograd_usable(const int64_t *geom);
 int sg_winograd_transform(const char *w, int64_t wo, char *u, const int64_t *geom);
 int sg_winograd_forward(const char *x, int64_t xo, const char *u, const char *b, int64_t bo, const char *r, int64_t ro,
                         char *y, int64_t yo, const int64_t *geom, int relu, int blocked);
+/* conv.c: a float32 forward convolution of one group on operands in channel blocks of `block` (x, y and r as
+ * (N, C/block, H, W, block); w (K, C, kh, kw) plain): y = conv(x, w) + b, plus r (may be NULL, may be y) and ReLU
+ * where `relu`, as an unfolding of x and one GEMM over the threads (oneDNN's sgemm where set) per chunk of images;
+ * SG_EVALUE where the channels do not divide into blocks or groups > 1, SG_ENOMEM without scratch */
+int sg_conv2d_gemm_blocked(const char *x, int64_t xo, const char *w, int64_t wo, const char *b, int64_t bo,
+                           const char *r, int64_t ro, char *y, int64_t yo, const int64_t *geom, int relu, int block);
 
 /* pool.c: mode 0 max, 1 avg; geom = N, C, H, W, OH, OW, kh, kw, stride h, w, pad top, left, bottom, right,
  * dilation h, w; idx (int64) may be NULL */

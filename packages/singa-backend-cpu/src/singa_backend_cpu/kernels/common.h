@@ -122,6 +122,8 @@ void sg_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
 /* c (m x n) = a (m x k) @ b (k x n), row-major and dense, on the calling thread (a parallel region's member): the
  * outside GEMM (gemm.c's sg_set_sgemm: oneDNN's sgemm) where one is set, else OpenBLAS. */
 void sg_gemm_f32_on_thread(int64_t m, int64_t n, int64_t k, const float *a, const float *b, float *c);
+/* the same product split over the threads (the caller runs outside any parallel region) */
+void sg_gemm_f32_team(int64_t m, int64_t n, int64_t k, const float *a, const float *b, float *c);
 void sg_gemm_f64(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a, int64_t lda,
                  const double *b, int64_t ldb, double beta, double *c, int64_t ldc, int may_split);
 

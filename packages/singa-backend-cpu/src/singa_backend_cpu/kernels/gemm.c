@@ -38,6 +38,11 @@ void sg_gemm_f32_on_thread(int64_t m, int64_t n, int64_t k, const float *a, cons
     sg_gemm_f32(0, 0, m, n, k, 1.f, a, k, b, n, 0.f, c, n, 0);
 }
 
+void sg_gemm_f32_team(int64_t m, int64_t n, int64_t k, const float *a, const float *b, float *c) {
+    if (m > 0 && n > 0 && outside_gemm_f32(0, 0, m, n, k, 1.f, a, k, b, n, 0.f, c, n)) return;
+    sg_gemm_f32(0, 0, m, n, k, 1.f, a, k, b, n, 0.f, c, n, 1);
+}
+
 /* float64 has no outside GEMM: always OpenBLAS */
 #define outside_gemm_f64(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) 0
 
