@@ -1269,6 +1269,32 @@ def test_gather_rejects_out_of_range_and_scatter_handles_large_inputs():
     close(get(acc), expect, np.float32, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("idt", [np.int32, np.int64])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_bound_gathers_replay_on_new_indices_and_name_a_bad_one(idt, axis):
+    # an embedding lookup in a replayed transformer is a launch bound once: it reads the table and the indices as
+    # they are at each call (negative ones counting from the end), and a bad index still fails naming it
+    table = RNG.standard_normal((40, 24)).astype(np.float32)
+    x, idx = put(table), put(np.zeros(7, idt))
+    shape = (7, 24) if axis == 0 else (40, 7)
+    out = empty(shape, np.float32)
+    launch = K["gather"].bind(out, x, idx, axis=axis)
+    assert callable(launch)
+    assert K["gather"].bind(empty((3, 24), np.float32), View(x.buffer, x.dtype, (20, 24), (48, 1), 0),
+                            put(np.zeros(3, idt)), axis=0) is None  # a strided table: the call goes the whole way
+    length = table.shape[axis]
+    for _ in range(2):
+        i = RNG.integers(-length, length, 7).astype(idt)
+        t = RNG.standard_normal(table.shape).astype(np.float32)
+        DEV.write(idx, i)
+        DEV.write(x, t)
+        launch()
+        np.testing.assert_array_equal(get(out), np.take(t, i, axis=axis))
+    DEV.write(idx, np.array([0, 1, 2, length, 0, 0, 0], idt))
+    with pytest.raises(IndexError, match=f"index {length} on axis {axis}"):
+        launch()
+
+
 @pytest.mark.parametrize("dt", ALL_NP)
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
 def test_pad(dt, mode):

@@ -925,15 +925,38 @@ _softmax_cross_entropy_backward.bind = _bind_softmax_cross_entropy_backward
 
 
 def _gather(out, x, indices, axis=0) -> None:
+    _gather_launch((out, x, indices), out, _contiguous(x), _contiguous(indices), axis)()
+
+
+def _bind_gather(out, x, indices, axis=0) -> Callable[[], None] | None:
+    """The gather as a zero-argument launch for a graph replay (an embedding lookup: ~50 us of per-call Python
+    before); None where an operand needs a contiguous copy (the kernel makes it at each call). The indices are
+    checked at each launch, as they may change between replays."""
     views = (out, x, indices)
+    if any(v.strides != _layout(v.shape)[0] for v in views):
+        return None
+    return _gather_launch(views, *views, axis)
+
+
+def _gather_launch(views: tuple, out, x, indices, axis) -> Callable[[], None]:
+    """sg_gather on contiguous x and indices as a zero-argument launch; errors name the caller's `views`."""
     if indices.dtype not in (I32, I64) or out.dtype != x.dtype:
         raise _dtype_error("gather", views, (I32, I64))
-    x, indices = _contiguous(x), _contiguous(indices)
     axis, outer, length, inner, count = kernel_checks.gather_dims("cpu", out, x, indices, axis)
     bad = ffi.new("int64_t *")
-    status = lib.sg_gather(ITEMSIZE[x.dtype], x.buffer.handle, x.offset, indices.dtype, indices.buffer.handle,
-                           indices.offset, out.buffer.handle, out.offset, outer, length, inner, count, bad)
-    _check(status, "gather", views, f"index {bad[0]} on axis {axis} of length {length}" if status == 3 else "")
+    args = (ITEMSIZE[x.dtype], x.buffer.handle, x.offset, indices.dtype, indices.buffer.handle, indices.offset,
+            out.buffer.handle, out.offset, outer, length, inner, count, bad)
+    gather = lib.sg_gather
+
+    def run() -> None:
+        status = gather(*args)
+        if status:
+            _check(status, "gather", views, f"index {bad[0]} on axis {axis} of length {length}" if status == 3 else "")
+
+    return run
+
+
+_gather.bind = _bind_gather
 
 
 def _scatter_add(out, indices, updates, axis=0) -> None:
