@@ -165,6 +165,22 @@ WORKER = """
     wdx = View(dev.alloc(6 * 16 * 90 * 4), dtypes.float32, (6, 16, 10, 9))
     dev.table["conv2d_backward_data"](wdx, wy, ww, padding=(1, 1, 1, 1))
     out["winograd/data gradient"] = dev.read(wdx)
+
+    # the blocked unfolding + GEMM (conv.c): in-register transposes of VW channels where the block is a multiple of
+    # VW, element by element otherwise; 8- and 16-channel blocks, a strided and padded 3x3 with residual and ReLU
+    def ptr(a):
+        return ffi.cast("char *", a.ctypes.data)
+
+    gx = rng.standard_normal((2, 32, 9, 11)).astype(np.float32)
+    gw = (rng.standard_normal((48, 32, 3, 3)) / 12).astype(np.float32)
+    gb = rng.standard_normal(48).astype(np.float32)
+    gr = rng.standard_normal((2, 48, 5, 6)).astype(np.float32)
+    ggeom = ffi.new("int64_t[]", [2, 32, 9, 11, 48, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1, 1, 1])
+    for block in (8, 16):
+        gy = np.empty_like(gr)
+        assert lib.sg_conv2d_gemm_blocked(ptr(gx), 0, ptr(gw), 0, ptr(gb), 0, ptr(gr), 0, ptr(gy), 0, ggeom, 1,
+                                          block) == 0
+        out[f"cnn/blocked gemm {block}"] = gy
     np.savez(sys.argv[1], **out)
 """
 

@@ -10,6 +10,7 @@
  */
 #include "common.h"
 #include "winograd.h"
+#include "vec.h"
 
 #define COL_BUDGET (1 << 21) /* elements in one col buffer (8 MiB of float32) */
 #define WIDE_ENOUGH 1024     /* columns beyond which batching images buys gemm nothing more */
@@ -353,34 +354,19 @@ int sg_conv2d_backward_weight(int dtype, const char *dy, int64_t dyo, const char
  * For small images (7x7 and 14x14 at batch 1) a single wide GEMM beats oneDNN's direct AVX2 kernels: 512 -> 512 3x3
  * at 7x7 took 2.0 ms as W (512 x 4608) @ col (4608 x 49) through oneDNN's sgemm against 3.0 ms for its blocked
  * jit:avx2 convolution (AMD EPYC Zen 3, 2 threads). The unfolding reads x's blocks, the GEMM writes (K, images * OH *
- * OW), and the fold adds bias and residual, applies ReLU and writes y's blocks. Both passes move 8 channels x 8
- * pixels at a time through an in-register transpose (blocks of 8 and 16): element by element they took 2.5x longer. */
-typedef float sg_v8 __attribute__((vector_size(32), aligned(4)));
-typedef int32_t sg_m8 __attribute__((vector_size(32)));
-
-/* r[p][l] = r[l][p] for an 8 x 8 tile: three rounds swapping ever smaller off-diagonal blocks */
-static inline void transpose8(sg_v8 r[8]) {
-    static const sg_m8 lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
-    static const sg_m8 hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
-    for (int round = 0, s = 4; s > 0; round++, s /= 2)
-        for (int i = 0; i < 8; i++)
-            if (!(i & s)) {
-                const sg_v8 a = r[i], b = r[i + s];
-                r[i] = __builtin_shuffle(a, b, lo[round]);
-                r[i + s] = __builtin_shuffle(a, b, hi[round]);
-            }
-}
-
+ * OW), and the fold adds bias and residual, applies ReLU and writes y's blocks. Both passes move VW channels x VW
+ * pixels at a time through an in-register transpose (vec.h; blocks that are multiples of VW): element by element
+ * they took 2.5x longer. */
 /* col's B rows of channels cb*B + l and tap (i, j), `step` apart, from tile (ohw, B): tile[p][l] -> row l, p */
 static void tile_to_rows(const float *tile, int64_t ohw, int64_t B, float *dst, int64_t step) {
     int64_t p = 0;
-    if (B % 8 == 0)
-        for (; p + 8 <= ohw; p += 8)
-            for (int64_t l0 = 0; l0 < B; l0 += 8) {
-                sg_v8 v[8];
-                for (int t = 0; t < 8; t++) v[t] = *(const sg_v8 *)(tile + (p + t) * B + l0);
-                transpose8(v);
-                for (int t = 0; t < 8; t++) *(sg_v8 *)(dst + (l0 + t) * step + p) = v[t];
+    if (B % VW == 0)
+        for (; p + VW <= ohw; p += VW)
+            for (int64_t l0 = 0; l0 < B; l0 += VW) {
+                vec v[VW];
+                for (int t = 0; t < VW; t++) v[t] = *(const vec_u *)(tile + (p + t) * B + l0);
+                transpose(v);
+                for (int t = 0; t < VW; t++) *(vec_u *)(dst + (l0 + t) * step + p) = v[t];
             }
     for (; p < ohw; p++)
         for (int64_t l = 0; l < B; l++) dst[l * step + p] = tile[p * B + l];
@@ -441,18 +427,18 @@ static void fold_blocked(const geometry *q, const float *t, int64_t n0, int64_t 
         float *yb = y + at;
         const float *rb = r ? r + at : NULL;
         int64_t p = 0;
-        if (B % 8 == 0)
-            for (; p + 8 <= q->ohw; p += 8)
-                for (int64_t l0 = 0; l0 < B; l0 += 8) {
-                    sg_v8 v[8], add = {0};
-                    for (int u = 0; u < 8; u++) v[u] = *(const sg_v8 *)(tk + (l0 + u) * ld + p);
-                    transpose8(v); /* v[u]: the 8 channels of pixel p + u */
-                    if (bias) add = *(const sg_v8 *)(bias + kb * B + l0);
-                    for (int u = 0; u < 8; u++) {
-                        sg_v8 o = v[u] + add;
-                        if (rb) o += *(const sg_v8 *)(rb + (p + u) * B + l0);
-                        if (relu) o = (sg_v8)((sg_m8)o & ((o > 0.f) | (o != o)));
-                        *(sg_v8 *)(yb + (p + u) * B + l0) = o;
+        if (B % VW == 0)
+            for (; p + VW <= q->ohw; p += VW)
+                for (int64_t l0 = 0; l0 < B; l0 += VW) {
+                    vec v[VW], add = {0};
+                    for (int u = 0; u < VW; u++) v[u] = *(const vec_u *)(tk + (l0 + u) * ld + p);
+                    transpose(v); /* v[u]: the VW channels of pixel p + u */
+                    if (bias) add = *(const vec_u *)(bias + kb * B + l0);
+                    for (int u = 0; u < VW; u++) {
+                        vec o = v[u] + add;
+                        if (rb) o += *(const vec_u *)(rb + (p + u) * B + l0);
+                        if (relu) o = relu_of(o);
+                        *(vec_u *)(yb + (p + u) * B + l0) = o;
                     }
                 }
         for (; p < q->ohw; p++)

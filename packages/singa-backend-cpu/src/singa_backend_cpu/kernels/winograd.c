@@ -22,20 +22,7 @@
  * with cuDNN's and NNPACK's Winograd kernels; SINGA_WINOGRAD=0 turns the path off.
  */
 #include "winograd.h"
-
-#pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors passed between static functions on the SSE path */
-
-#ifdef __AVX512F__
-#define VW 16
-#else
-#define VW 8
-#endif
-typedef float vec __attribute__((vector_size(VW * 4), aligned(VW * 4)));
-typedef float vec_u __attribute__((vector_size(VW * 4), aligned(4))); /* an unaligned load or store */
-typedef int32_t mask __attribute__((vector_size(VW * 4)));
-
-/* max(v, 0) lane by lane, NaN kept (as the relu kernel) */
-static inline vec relu_of(vec v) { return (vec)((mask)v & ((v > 0.f) | (v != v))); }
+#include "vec.h"
 
 static int enabled = 1;
 void sg_set_winograd(int on) { enabled = on != 0; }
@@ -111,30 +98,6 @@ static inline void output_rows(const vec *m, int s, vec *o, int os) {
     o[os] = q + 2.f * b;
     o[2 * os] = p + 4.f * a;
     o[3 * os] = q + 8.f * b + m5;
-}
-
-/* r[p][l] = r[l][p] over VW vectors: log2(VW) rounds that swap ever smaller off-diagonal blocks. */
-static inline void transpose(vec r[VW]) {
-#if VW == 16
-    static const mask lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                               {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
-                               {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-                               {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
-    static const mask hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
-                               {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
-                               {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
-                               {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-#else
-    static const mask lo[3] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 8, 9, 4, 5, 12, 13}, {0, 8, 2, 10, 4, 12, 6, 14}};
-    static const mask hi[3] = {{4, 5, 6, 7, 12, 13, 14, 15}, {2, 3, 10, 11, 6, 7, 14, 15}, {1, 9, 3, 11, 5, 13, 7, 15}};
-#endif
-    for (int round = 0, s = VW / 2; s > 0; round++, s /= 2)
-        for (int i = 0; i < VW; i++)
-            if (!(i & s)) {
-                const vec a = r[i], b = r[i + s];
-                r[i] = __builtin_shuffle(a, b, lo[round]);
-                r[i + s] = __builtin_shuffle(a, b, hi[round]);
-            }
 }
 
 /* NCHW input rows ih0 .. ih0 + 5 of one image (x_img: C planes of H x W) as a strip in blocks of VW channels,
