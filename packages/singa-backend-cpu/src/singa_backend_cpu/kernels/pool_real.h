@@ -3,8 +3,8 @@
  * The row kernels (max_taps, sum_taps, max_tile, sum_tile) take the taps (i, j) of the windows one at a time, in the
  * window's scan order, each in one loop over many outputs at once, without bounds checks, which the compiler
  * vectorises. Max pooling with stride 2 (2x2 / 2 of training CNNs, 3x3 / 2 of AlexNet and SqueezeNet, 3x3 / 2 with
- * padding 1 of ResNet's stem) reads its rows in place with AVX-512 in float32 (max_stride2: pool.c's pool_pairs_f32
- * and pool_stride2_f32). Otherwise the forward pass feeds the row kernels one of four ways, chosen per call (pool.c:
+ * padding 1 of ResNet's stem) reads its rows in place with AVX-512 or AVX2 in float32 (max_stride2: pool.c's
+ * pool_pairs_f32 and pool_stride2_f32). Otherwise the forward pass feeds the row kernels one of four ways, chosen per call (pool.c:
  * plan_open):
  *  - small planes: a vector's width of them side by side, one a lane, padding filled in (lanes_unit);
  *  - most other shapes: phase copies, the input split by row and column position mod the strides, padding filled in,
@@ -525,13 +525,13 @@ static void SG_R(avg_group)(const pgeom *q, const pplan *P, int cip, const sg_re
     }
 }
 
-#if defined(__AVX512F__)
+#if defined(POOL_STRIDE2)
 /* Max pooling with stride 2 and dilation 1 (2x2 / 2 of most training CNNs, 3x3 / 2 of AlexNet and SqueezeNet, and with
  * padding 1 ResNet's and ShuffleNet's stems). float32: each output row reads its input rows in place, 16 outputs a
- * vector (pool_pairs_f32, pool_stride2_f32), no plan and no copies; rows whose windows reach into the padding above or
+ * vector with AVX-512, 8 with AVX2 (pool.c: pool_pairs_f32, pool_stride2_f32), no plan and no copies; rows whose windows reach into the padding above or
  * below leave those tap rows out, and the few outputs whose windows reach past the left or right edge scan them one
  * by one (max_window). Every output visits its taps in the same order as on the other paths. Elsewhere (float64,
- * CPUs without AVX-512, windows at most half inside) the general paths below. */
+ * CPUs without AVX2, windows at most half inside) the general paths below. */
 static int SG_R(stride2_fits)(const pgeom *q) {
     if (sizeof(sg_real) != sizeof(float) || q->sh != 2 || q->sw != 2 || q->dh != 1 || q->dw != 1 ||
         q->kh * q->kw < 2 || q->kh * q->W >= ((int64_t)1 << 31) || q->pt >= q->kh || q->pl >= q->kw)
@@ -578,7 +578,7 @@ static void SG_R(max_stride2)(const pgeom *q, const sg_real *x, sg_real *y, int6
 
 static int SG_R(pool_forward)(const pgeom *q, int mode, int cip, const sg_real *x, sg_real *y, int64_t *idx,
                               const pplan *P) {
-#if defined(__AVX512F__)
+#if defined(POOL_STRIDE2)
     if (mode == POOL_MAX && SG_R(stride2_fits)(q)) {
         SG_R(max_stride2)(q, x, y, idx);
         return SG_OK;
