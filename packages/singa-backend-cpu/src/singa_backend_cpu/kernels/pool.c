@@ -392,12 +392,14 @@ static inline __m256 pool_odd8(__m256 a, __m256 b) {
                                                   _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-/* pool_take16's rule for 8 windows */
-static inline void pool_take8(__m256 *best, __m256i *t, __m256 v, int64_t off) {
+/* pool_take16's rule for 8 windows; the winners' offsets only where `track` (indices asked for) */
+static inline __attribute__((always_inline)) void pool_take8(__m256 *best, __m256i *t, __m256 v, int64_t off,
+                                                             int track) {
     const __m256 take = _mm256_and_ps(_mm256_cmp_ps(v, *best, _CMP_NLE_UQ), _mm256_cmp_ps(*best, *best, _CMP_EQ_OQ));
     *best = _mm256_blendv_ps(*best, v, take);
-    *t = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(*t), _mm256_castsi256_ps(_mm256_set1_epi32((int)off)), take));
+    if (track)
+        *t = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(*t), _mm256_castsi256_ps(_mm256_set1_epi32((int)off)), take));
 }
 
 /* pool_store16 for outputs o .. o + m (m <= 8) */
@@ -416,7 +418,7 @@ static inline void pool_store8(float *restrict y, int64_t *restrict ix, int64_t 
 }
 
 /* pool_pairs_f32 with AVX2 */
-static inline void pool_pairs_f32(const float *restrict r0, const float *restrict r1, int64_t n, float *restrict y,
+static inline __attribute__((always_inline)) void pool_pairs_f32(const float *restrict r0, const float *restrict r1, int64_t n, float *restrict y,
                                   int64_t *restrict ix, int64_t at, int64_t W) {
     for (int64_t o = 0; o < n; o += 8) {
         const int64_t m = sg_min64(8, n - o), need = 2 * m;
@@ -425,15 +427,16 @@ static inline void pool_pairs_f32(const float *restrict r0, const float *restric
         const __m256 a1 = _mm256_maskload_ps(r1 + 2 * o, lo), b1 = _mm256_maskload_ps(r1 + 2 * o + 8, hi);
         __m256 best = pool_even8(a0, b0);
         __m256i t = _mm256_setzero_si256();
-        pool_take8(&best, &t, pool_odd8(a0, b0), 1);
-        pool_take8(&best, &t, pool_even8(a1, b1), W);
-        pool_take8(&best, &t, pool_odd8(a1, b1), W + 1);
+        pool_take8(&best, &t, pool_odd8(a0, b0), 1, ix != NULL);
+        pool_take8(&best, &t, pool_even8(a1, b1), W, ix != NULL);
+        pool_take8(&best, &t, pool_odd8(a1, b1), W + 1, ix != NULL);
         pool_store8(y, ix, o, m, best, t, at);
     }
 }
 
-/* pool_stride2_f32 with AVX2: tap (i, j) of 8 outputs is every other element of row i from column 2o + j */
-static inline void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int64_t i1, int64_t kw, int64_t n,
+/* pool_stride2_f32 with AVX2: tap (i, j) of 8 outputs is every other element of row i from column 2o + j. Inlined
+ * where called, so that a call without indices (ix NULL) drops their bookkeeping. */
+static inline __attribute__((always_inline)) void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int64_t i1, int64_t kw, int64_t n,
                                     float *restrict y, int64_t *restrict ix, int64_t at) {
     int64_t o = 0;
     /* 16 outputs at a time while whole: two independent chains of compares hide each other's latency */
@@ -450,8 +453,8 @@ static inline void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int6
                     best0 = v0;
                     best1 = v1;
                 } else {
-                    pool_take8(&best0, &t0, v0, i * W + j);
-                    pool_take8(&best1, &t1, v1, i * W + j);
+                    pool_take8(&best0, &t0, v0, i * W + j, ix != NULL);
+                    pool_take8(&best1, &t1, v1, i * W + j, ix != NULL);
                 }
             }
         }
@@ -470,7 +473,7 @@ static inline void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int6
                 if (i == i0 && j == 0)
                     best = v;
                 else
-                    pool_take8(&best, &t, v, i * W + j);
+                    pool_take8(&best, &t, v, i * W + j, ix != NULL);
             }
         }
         pool_store8(y, ix, o, m, best, t, at);

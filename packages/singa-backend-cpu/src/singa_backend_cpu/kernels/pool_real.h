@@ -568,10 +568,15 @@ static void SG_R(max_stride2)(const pgeom *q, const sg_real *x, sg_real *y, int6
         if (a == OW) continue;
         const int64_t at = top * W + 2 * A - q->pl;
         const float *ri = (const float *)(xp + (top + i0) * W + 2 * A - q->pl);
-        if (q->kh == 2 && q->kw == 2 && i0 == 0 && i1 == 2) /* both taps of a row from one pair of loads */
-            pool_pairs_f32(ri, ri + W, B - A, (float *)yr + A, ir ? ir + A : NULL, at, W);
+        const int pairs = q->kh == 2 && q->kw == 2 && i0 == 0 && i1 == 2; /* both taps of a row from one pair of loads */
+        if (pairs && ir)
+            pool_pairs_f32(ri, ri + W, B - A, (float *)yr + A, ir + A, at, W);
+        else if (pairs)
+            pool_pairs_f32(ri, ri + W, B - A, (float *)yr + A, NULL, at, W); /* inlined without the indices' work */
+        else if (ir)
+            pool_stride2_f32(ri, W, i0, i1, q->kw, B - A, (float *)yr + A, ir + A, at);
         else
-            pool_stride2_f32(ri, W, i0, i1, q->kw, B - A, (float *)yr + A, ir ? ir + A : NULL, at);
+            pool_stride2_f32(ri, W, i0, i1, q->kw, B - A, (float *)yr + A, NULL, at);
     }
 }
 #endif
