@@ -373,7 +373,8 @@ static inline void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int6
 #if defined(__AVX2__) && !defined(__AVX512F__)
 /* The same in-place stride-2 max pooling with AVX2, 8 outputs a vector: the even (or odd) elements of 16 consecutive
  * ones from two loads, a shuffle and a lane permute; masked loads (which never touch the lanes they leave out) for the
- * last outputs of a row. ShuffleNet's 3x3 / 2 stem at batch 8 (24 x 112 x 112 planes): 1.7 ms on the general paths. */
+ * last outputs of a row. Masked loads and stores are for row ends only: on AMD Zen 3 a plane that does not fit the
+ * caches (VGG's 64 x 224 x 224) read through masked loads took 3.5x the time of plain ones. */
 #define POOL_STRIDE2 8
 
 /* lanes [0, k) of 8 (k may be <= 0 or >= 8) */
@@ -402,15 +403,28 @@ static inline __attribute__((always_inline)) void pool_take8(__m256 *best, __m25
             _mm256_blendv_ps(_mm256_castsi256_ps(*t), _mm256_castsi256_ps(_mm256_set1_epi32((int)off)), take));
 }
 
+/* `need` elements from s (plain loads for a whole vector, masked ones, which never touch the other lanes, else) */
+static inline __m256 pool_load8(const float *s, int64_t need) {
+    return need >= 8 ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, pool_lanes8(need));
+}
+
 /* pool_store16 for outputs o .. o + m (m <= 8) */
 static inline void pool_store8(float *restrict y, int64_t *restrict ix, int64_t o, int64_t m, __m256 best, __m256i t,
                                int64_t at) {
-    _mm256_maskstore_ps(y + o, pool_lanes8(m), best);
+    if (m >= 8)
+        _mm256_storeu_ps(y + o, best);
+    else
+        _mm256_maskstore_ps(y + o, pool_lanes8(m), best);
     if (!ix) return;
     const __m256i base = _mm256_add_epi64(_mm256_set1_epi64x(at + 2 * o), _mm256_setr_epi64x(0, 2, 4, 6));
     const __m256i i0 = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(t)), base);
     const __m256i i1 = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(t, 1)),
                                         _mm256_add_epi64(base, _mm256_set1_epi64x(8)));
+    if (m >= 8) {
+        _mm256_storeu_si256((__m256i *)(ix + o), i0);
+        _mm256_storeu_si256((__m256i *)(ix + o + 4), i1);
+        return;
+    }
     const __m256i idx4 = _mm256_setr_epi64x(0, 1, 2, 3);
     _mm256_maskstore_epi64((long long *)(ix + o), _mm256_cmpgt_epi64(_mm256_set1_epi64x(m), idx4), i0);
     if (m > 4)
@@ -422,9 +436,8 @@ static inline __attribute__((always_inline)) void pool_pairs_f32(const float *re
                                   int64_t *restrict ix, int64_t at, int64_t W) {
     for (int64_t o = 0; o < n; o += 8) {
         const int64_t m = sg_min64(8, n - o), need = 2 * m;
-        const __m256i lo = pool_lanes8(need), hi = pool_lanes8(need - 8);
-        const __m256 a0 = _mm256_maskload_ps(r0 + 2 * o, lo), b0 = _mm256_maskload_ps(r0 + 2 * o + 8, hi);
-        const __m256 a1 = _mm256_maskload_ps(r1 + 2 * o, lo), b1 = _mm256_maskload_ps(r1 + 2 * o + 8, hi);
+        const __m256 a0 = pool_load8(r0 + 2 * o, need), b0 = pool_load8(r0 + 2 * o + 8, need - 8);
+        const __m256 a1 = pool_load8(r1 + 2 * o, need), b1 = pool_load8(r1 + 2 * o + 8, need - 8);
         __m256 best = pool_even8(a0, b0);
         __m256i t = _mm256_setzero_si256();
         pool_take8(&best, &t, pool_odd8(a0, b0), 1, ix != NULL);
@@ -439,16 +452,16 @@ static inline __attribute__((always_inline)) void pool_pairs_f32(const float *re
 static inline __attribute__((always_inline)) void pool_stride2_f32(const float *ri, int64_t W, int64_t i0, int64_t i1, int64_t kw, int64_t n,
                                     float *restrict y, int64_t *restrict ix, int64_t at) {
     int64_t o = 0;
-    /* 16 outputs at a time while whole: two independent chains of compares hide each other's latency */
-    const __m256i seven = pool_lanes8(7);
-    for (; o + 16 <= n; o += 16) {
+    /* 16 outputs at a time while whole: two independent chains of compares hide each other's latency. A tap's run
+     * is 31 elements; the 32nd, read by the plain loads, belongs to the row's next outputs (o + 16 < n) */
+    for (; o + 16 < n; o += 16) {
         __m256 best0 = _mm256_setzero_ps(), best1 = _mm256_setzero_ps();
         __m256i t0 = _mm256_set1_epi32((int)(i0 * W)), t1 = t0;
         for (int64_t i = i0; i < i1; i++) {
             for (int64_t j = 0; j < kw; j++) {
                 const float *s = ri + (i - i0) * W + 2 * o + j;
                 const __m256 v0 = pool_even8(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
-                const __m256 v1 = pool_even8(_mm256_loadu_ps(s + 16), _mm256_maskload_ps(s + 24, seven));
+                const __m256 v1 = pool_even8(_mm256_loadu_ps(s + 16), _mm256_loadu_ps(s + 24));
                 if (i == i0 && j == 0) {
                     best0 = v0;
                     best1 = v1;
@@ -463,13 +476,12 @@ static inline __attribute__((always_inline)) void pool_stride2_f32(const float *
     }
     for (; o < n; o += 8) {
         const int64_t m = sg_min64(8, n - o), need = 2 * m - 1; /* elements of a tap's run: s[0 .. need) */
-        const __m256i lo = pool_lanes8(need), hi = pool_lanes8(need - 8);
         __m256 best = _mm256_setzero_ps();
         __m256i t = _mm256_set1_epi32((int)(i0 * W)); /* the first tap's offset, until another wins */
         for (int64_t i = i0; i < i1; i++) {
             for (int64_t j = 0; j < kw; j++) {
                 const float *s = ri + (i - i0) * W + 2 * o + j;
-                const __m256 v = pool_even8(_mm256_maskload_ps(s, lo), _mm256_maskload_ps(s + 8, hi));
+                const __m256 v = pool_even8(pool_load8(s, need), pool_load8(s + 8, need - 8));
                 if (i == i0 && j == 0)
                     best = v;
                 else

@@ -540,6 +540,11 @@ static int SG_R(stride2_fits)(const pgeom *q) {
      * masked vector: 2x2 windows from 4 outputs (an MNIST CNN's 24x24 and 8x8 planes: 3-5x faster than the small-plane
      * paths), other windows from 8 (a 3x3 window over 6 columns ran slower here without indices) */
     const int64_t A = (q->pl + 1) / 2, B = sg_min64(q->OW, (q->W - q->kw + q->pl) / 2 + 1);
+#if POOL_STRIDE2 == 8
+    /* with AVX2, planes past 128 KiB stream from memory, where the general paths measured faster (AMD EPYC Zen 3,
+     * VGG's 2x2 / 2 on 64 x 224 x 224: 1.4 ms against 2.1; 3x3 / 2 on 112 x 112 planes: 0.5-0.6x of their time) */
+    if (q->H * q->W * (int64_t)sizeof(float) > ((int64_t)128 << 10)) return 0;
+#endif
     return B - A >= (q->kh == 2 && q->kw == 2 ? 4 : 8) && 2 * (B - A) >= q->OW;
 }
 
